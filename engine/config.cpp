@@ -1,0 +1,216 @@
+#include "engine/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::engine {
+namespace {
+
+using nlohmann::json;
+
+// Reads fields from the LM section (text_config or top level), naming the field in errors.
+class Reader {
+ public:
+  Reader(const json& section, std::string prefix, std::string source)
+      : s_(section), prefix_(std::move(prefix)), source_(std::move(source)) {}
+
+  std::string where(const char* key) const { return source_ + ": " + prefix_ + key; }
+
+  template <typename T>
+  Status get(const char* key, T& out, bool required) const {
+    auto it = s_.find(key);
+    if (it == s_.end() || it->is_null()) {
+      if (required) return make_error(where(key) + " is missing");
+      return {};
+    }
+    try {
+      out = it->get<T>();
+    } catch (const json::exception& e) {
+      return make_error(where(key) + " has the wrong type (" + it->dump() + ")");
+    }
+    return {};
+  }
+
+  Status range(const char* key, double v, double lo, double hi, const std::string& why) const {
+    if (v < lo || v > hi || std::isnan(v)) {
+      std::ostringstream os;
+      os << where(key) << " = " << v << " is out of range (" << why << ")";
+      return make_error(os.str());
+    }
+    return {};
+  }
+
+  const json& section() const { return s_; }
+
+ private:
+  const json& s_;
+  std::string prefix_;
+  std::string source_;
+};
+
+#define KILN_TRY(expr)            \
+  do {                            \
+    Status _s = (expr);           \
+    if (!_s.ok()) return make_error(_s.error()); \
+  } while (0)
+
+}  // namespace
+
+int ModelConfig::n_full_layers() const {
+  int n = 0;
+  for (LayerType t : layer_types) n += t == LayerType::full_attention;
+  return n;
+}
+int ModelConfig::n_linear_layers() const { return num_hidden_layers - n_full_layers(); }
+
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return make_error(source + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) return make_error(source + ": top level is not a JSON object");
+  const bool nested = root.contains("text_config") && root["text_config"].is_object();
+  const json& s = nested ? root["text_config"] : root;
+  Reader r(s, nested ? "text_config." : "", source);
+
+  ModelConfig c;
+  std::string text_type;
+  KILN_TRY(r.get("model_type", text_type, false));
+  c.model_type = root.value("model_type", text_type);
+  if (c.model_type.empty()) c.model_type = text_type;
+  const bool moe_type = c.model_type.rfind("qwen3_5_moe", 0) == 0 || text_type.rfind("qwen3_5_moe", 0) == 0;
+  const bool dense_type = !moe_type && (c.model_type.rfind("qwen3_5", 0) == 0 || text_type.rfind("qwen3_5", 0) == 0);
+  if (!moe_type && !dense_type) {
+    return make_error(source + ": model_type \"" + c.model_type +
+                      "\" is not supported (expected qwen3_5_moe or qwen3_5)");
+  }
+  c.is_moe = moe_type;
+
+  KILN_TRY(r.get("vocab_size", c.vocab_size, true));
+  KILN_TRY(r.range("vocab_size", double(c.vocab_size), 1, 1e8, "1..1e8"));
+  KILN_TRY(r.get("hidden_size", c.hidden_size, true));
+  KILN_TRY(r.range("hidden_size", double(c.hidden_size), 1, 1 << 16, "1..65536"));
+  KILN_TRY(r.get("num_hidden_layers", c.num_hidden_layers, true));
+  KILN_TRY(r.range("num_hidden_layers", c.num_hidden_layers, 1, 1024, "1..1024"));
+  KILN_TRY(r.get("rms_norm_eps", c.rms_norm_eps, false));
+  KILN_TRY(r.range("rms_norm_eps", c.rms_norm_eps, 0, 1, "0..1"));
+  c.max_position_embeddings = 262144;
+  KILN_TRY(r.get("max_position_embeddings", c.max_position_embeddings, false));
+  KILN_TRY(r.range("max_position_embeddings", double(c.max_position_embeddings), 1, 1e9, "1..1e9"));
+  c.tie_word_embeddings = root.value("tie_word_embeddings", false);
+  KILN_TRY(r.get("tie_word_embeddings", c.tie_word_embeddings, false));
+  KILN_TRY(r.get("dtype", c.dtype, false));
+  if (s.contains("torch_dtype") && s["torch_dtype"].is_string()) c.dtype = s["torch_dtype"].get<std::string>();
+
+  // eos_token_id: an int or a list of ints, in text_config or at the top level.
+  for (const json* sec : std::initializer_list<const json*>{&s, &root}) {
+    auto it = sec->find("eos_token_id");
+    if (it == sec->end() || it->is_null() || !c.eos_token_ids.empty()) continue;
+    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
+    else if (it->is_array())
+      for (const auto& e : *it)
+        if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
+  }
+  KILN_TRY(r.get("bos_token_id", c.bos_token_id, false));
+
+  // Layer layout: explicit layer_types, else full_attention_interval (default 4).
+  if (s.contains("layer_types") && !s["layer_types"].is_null()) {
+    const json& lt = s["layer_types"];
+    if (!lt.is_array() || int(lt.size()) != c.num_hidden_layers) {
+      return make_error(r.where("layer_types") + " must list num_hidden_layers (" +
+                        std::to_string(c.num_hidden_layers) + ") entries, has " +
+                        std::to_string(lt.is_array() ? lt.size() : 0));
+    }
+    for (size_t i = 0; i < lt.size(); ++i) {
+      std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t == "linear_attention") c.layer_types.push_back(LayerType::linear_attention);
+      else if (t == "full_attention") c.layer_types.push_back(LayerType::full_attention);
+      else return make_error(r.where("layer_types") + "[" + std::to_string(i) + "] = " + lt[i].dump() +
+                             " is neither \"linear_attention\" nor \"full_attention\"");
+    }
+  } else {
+    int interval = 4;
+    KILN_TRY(r.get("full_attention_interval", interval, false));
+    KILN_TRY(r.range("full_attention_interval", interval, 1, 1024, "1..1024"));
+    for (int i = 0; i < c.num_hidden_layers; ++i)
+      c.layer_types.push_back((i + 1) % interval == 0 ? LayerType::full_attention : LayerType::linear_attention);
+  }
+
+  KILN_TRY(r.get("num_attention_heads", c.num_attention_heads, c.n_full_layers() > 0));
+  KILN_TRY(r.get("num_key_value_heads", c.num_key_value_heads, c.n_full_layers() > 0));
+  KILN_TRY(r.get("head_dim", c.head_dim, false));
+  if (c.n_full_layers() > 0) {
+    KILN_TRY(r.range("num_attention_heads", c.num_attention_heads, 1, 4096, "1..4096"));
+    KILN_TRY(r.range("num_key_value_heads", c.num_key_value_heads, 1, c.num_attention_heads,
+                     "1..num_attention_heads"));
+    if (c.num_attention_heads % c.num_key_value_heads != 0)
+      return make_error(r.where("num_key_value_heads") + " = " + std::to_string(c.num_key_value_heads) +
+                        " does not divide num_attention_heads = " + std::to_string(c.num_attention_heads));
+    KILN_TRY(r.range("head_dim", c.head_dim, 2, 4096, "2..4096"));
+  }
+
+  // RoPE: rope_parameters (new form) or top-level rope_theta / partial_rotary_factor (old form).
+  const json* rp = nullptr;
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (!rp && s.contains(key) && s[key].is_object()) rp = &s[key];
+  auto read_num = [&](const char* key, double& out) {
+    if (rp && rp->contains(key) && (*rp)[key].is_number()) out = (*rp)[key].get<double>();
+    else if (s.contains(key) && s[key].is_number()) out = s[key].get<double>();
+  };
+  read_num("rope_theta", c.rope_theta);
+  read_num("partial_rotary_factor", c.partial_rotary_factor);
+  KILN_TRY(r.range("rope_theta", c.rope_theta, 1, 1e12, "1..1e12"));
+  KILN_TRY(r.range("partial_rotary_factor", c.partial_rotary_factor, 0, 1, "0..1"));
+  c.rotary_dim = int(std::lround(c.head_dim * c.partial_rotary_factor));
+  c.rotary_dim -= c.rotary_dim % 2;
+
+  if (c.n_linear_layers() > 0) {
+    KILN_TRY(r.get("linear_num_key_heads", c.linear_num_key_heads, true));
+    KILN_TRY(r.get("linear_num_value_heads", c.linear_num_value_heads, true));
+    KILN_TRY(r.get("linear_key_head_dim", c.linear_key_head_dim, true));
+    KILN_TRY(r.get("linear_value_head_dim", c.linear_value_head_dim, true));
+    KILN_TRY(r.get("linear_conv_kernel_dim", c.linear_conv_kernel_dim, false));
+    KILN_TRY(r.range("linear_num_key_heads", c.linear_num_key_heads, 1, 4096, "1..4096"));
+    KILN_TRY(r.range("linear_num_value_heads", c.linear_num_value_heads, 1, 4096, "1..4096"));
+    if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+      return make_error(r.where("linear_num_value_heads") + " = " + std::to_string(c.linear_num_value_heads) +
+                        " is not a multiple of linear_num_key_heads = " + std::to_string(c.linear_num_key_heads));
+    KILN_TRY(r.range("linear_key_head_dim", c.linear_key_head_dim, 1, 4096, "1..4096"));
+    KILN_TRY(r.range("linear_value_head_dim", c.linear_value_head_dim, 1, 4096, "1..4096"));
+    KILN_TRY(r.range("linear_conv_kernel_dim", c.linear_conv_kernel_dim, 1, 64, "1..64"));
+  }
+
+  if (c.is_moe) {
+    KILN_TRY(r.get("num_experts", c.num_experts, true));
+    KILN_TRY(r.range("num_experts", c.num_experts, 1, 65536, "1..65536"));
+    KILN_TRY(r.get("num_experts_per_tok", c.num_experts_per_tok, true));
+    KILN_TRY(r.range("num_experts_per_tok", c.num_experts_per_tok, 1, c.num_experts, "1..num_experts"));
+    KILN_TRY(r.get("moe_intermediate_size", c.moe_intermediate_size, true));
+    KILN_TRY(r.range("moe_intermediate_size", double(c.moe_intermediate_size), 1, 1 << 20, "1..2^20"));
+    KILN_TRY(r.get("shared_expert_intermediate_size", c.shared_expert_intermediate_size, false));
+    KILN_TRY(r.range("shared_expert_intermediate_size", double(c.shared_expert_intermediate_size), 0, 1 << 20,
+                     "0..2^20"));
+    bool norm_topk = true;
+    KILN_TRY(r.get("norm_topk_prob", norm_topk, false));
+    if (!norm_topk) return make_error(r.where("norm_topk_prob") + " = false is not supported (Qwen3.5/3.6 renormalise)");
+  } else {
+    KILN_TRY(r.get("intermediate_size", c.intermediate_size, true));
+    KILN_TRY(r.range("intermediate_size", double(c.intermediate_size), 1, 1 << 20, "1..2^20"));
+  }
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,177 @@
+// Plain scalar implementations: the `_ref` twins, and the ops whose plain form is already the
+// one the model uses (norms, RoPE, conv, routing). Obviously correct first; never optimised.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "engine/ops.h"
+
+namespace kiln::engine::ops {
+
+void matmul_ref(const float* x, int64_t T, const Matrix& w, float* y) {
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t n = 0; n < w.rows; ++n) {
+    to_f32(w.dtype, w.row_ptr(n), row.data(), w.cols);
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0;
+      for (int64_t k = 0; k < w.cols; ++k) s += double(x[t * w.cols + k]) * row[size_t(k)];
+      y[t * w.rows + n] = float(s);
+    }
+  }
+}
+
+void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, bool zero_centred, double eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * (zero_centred ? 1.0f + w[i] : w[i]);
+  }
+}
+
+void rms_norm_gated(const float* x, const float* z, int64_t rows, int64_t n, const float* w, double eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * inv * w[i] * silu(z[r * n + i]);
+  }
+}
+
+void l2_norm(float* x, int64_t rows, int64_t n, double eps, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float f = float(1.0 / std::sqrt(ss + eps)) * scale;
+    for (int64_t i = 0; i < n; ++i) xr[i] *= f;
+  }
+}
+
+void rope_neox(float* x, int64_t T, int n_heads, int head_dim, int rot_dim, int64_t pos0, double theta) {
+  const int half = rot_dim / 2;
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t t = 0; t < T; ++t) {
+    const double p = double(pos0 + t);
+    for (int j = 0; j < half; ++j) {
+      const double angle = p * std::pow(theta, -2.0 * j / rot_dim);  // angles in f64: exact at long range
+      c[size_t(j)] = float(std::cos(angle));
+      s[size_t(j)] = float(std::sin(angle));
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      for (int j = 0; j < half; ++j) {
+        const float a = v[j], b = v[j + half];
+        v[j] = a * c[size_t(j)] - b * s[size_t(j)];
+        v[j + half] = b * c[size_t(j)] + a * s[size_t(j)];
+      }
+    }
+  }
+}
+
+void attention_ref(const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq, int Hkv, int D,
+                   float scale, float* out) {
+  const int group = Hq / Hkv;
+  std::vector<double> p(static_cast<size_t>(n_kv));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t last = n_kv - T + t;  // causal: keys 0..last
+    for (int h = 0; h < Hq; ++h) {
+      const float* qh = q + (t * Hq + h) * D;
+      const int kh = h / group;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j <= last; ++j) {
+        double s = 0;
+        for (int d = 0; d < D; ++d) s += double(qh[d]) * k[(j * Hkv + kh) * D + d];
+        p[size_t(j)] = s * scale;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+      float* o = out + (t * Hq + h) * D;
+      for (int d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j <= last; ++j) acc += p[size_t(j)] * v[(j * Hkv + kh) * D + d];
+        o[d] = float(acc / sum);
+      }
+    }
+  }
+}
+
+void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, float* state, float* out) {
+  // window[K−1+t] = input at step t; window[0..K−2] = the stored history.
+  std::vector<float> window(static_cast<size_t>(K - 1 + T));
+  for (int64_t ch = 0; ch < C; ++ch) {
+    for (int s = 0; s < K - 1; ++s) window[size_t(s)] = state[s * C + ch];
+    for (int64_t t = 0; t < T; ++t) window[size_t(K - 1 + t)] = x[t * C + ch];
+    const float* wc = w + ch * K;
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0;
+      for (int s = 0; s < K; ++s) acc += wc[s] * window[size_t(t + s)];
+      out[t * C + ch] = silu(acc);
+    }
+    for (int s = 0; s < K - 1; ++s) state[s * C + ch] = window[size_t(T + s)];
+  }
+}
+
+void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a) {
+  const int r = a.Hv / a.Hk;
+  auto head = [&](int64_t j0, int64_t j1) {
+    std::vector<float> e(static_cast<size_t>(a.dv));
+    for (int64_t j = j0; j < j1; ++j) {
+      float* S = a.state + j * a.dk * a.dv;
+      const int64_t m = j / r;
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* q = a.q + t * a.q_stride + m * a.dk;
+        const float* k = a.k + t * a.k_stride + m * a.dk;
+        const float* v = a.v + t * a.v_stride + j * a.dv;
+        const float beta = a.beta[t * a.Hv + j], gamma = std::exp(a.g[t * a.Hv + j]);
+        for (int64_t i = 0; i < a.dk * a.dv; ++i) S[i] *= gamma;  // decay first
+        for (int b = 0; b < a.dv; ++b) e[size_t(b)] = v[b];
+        for (int i = 0; i < a.dk; ++i)
+          for (int b = 0; b < a.dv; ++b) e[size_t(b)] -= S[i * a.dv + b] * k[i];  // e = v − Sᵀk
+        for (int i = 0; i < a.dk; ++i)
+          for (int b = 0; b < a.dv; ++b) S[i * a.dv + b] += k[i] * beta * e[size_t(b)];
+        float* o = a.out + (t * a.Hv + j) * a.dv;
+        for (int b = 0; b < a.dv; ++b) o[b] = 0;
+        for (int i = 0; i < a.dk; ++i)
+          for (int b = 0; b < a.dv; ++b) o[b] += S[i * a.dv + b] * q[i];  // o = Sᵀq, after the update
+      }
+    }
+  };
+  if (pool) pool->parallel_for(a.Hv, 1, head);
+  else head(0, a.Hv);
+}
+
+void moe_route(const float* logits, int64_t T, int E, int k, int32_t* ids, float* weights) {
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    const float mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(l[e] - mx));
+    for (int e = 0; e < E; ++e) p[size_t(e)] = float(p[size_t(e)] / sum);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
+      return p[size_t(x)] > p[size_t(y)] || (p[size_t(x)] == p[size_t(y)] && x < y);
+    });
+    double top = 0;
+    for (int i = 0; i < k; ++i) top += p[size_t(order[size_t(i)])];
+    for (int i = 0; i < k; ++i) {
+      ids[t * k + i] = order[size_t(i)];
+      weights[t * k + i] = float(p[size_t(order[size_t(i)])] / top);
+    }
+  }
+}
+
+void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
+              float* y) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = silu(gate[r * g_stride + i]) * up[r * u_stride + i];
+}
+
+}  // namespace kiln::engine::ops

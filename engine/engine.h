@@ -1,0 +1,132 @@
+// kiln's in-process inference engine: the one header other folders include.
+//
+//   auto model = Model::load("models/tiny", EngineOptions{});     // mmap weights, plan capacity
+//   auto session = (*model)->open_session();                       // one conversation
+//   auto logits = (*session)->append(prompt_tokens);               // prefill only the new tokens
+//   (*session)->generate(opts, [](int32_t tok) { ...; return true; });
+//
+// Threading: a Model is read-only after load and may be shared by any number of threads. A
+// Session is owned by one thread at a time (one agent); sessions on different threads may run
+// concurrently (the KV pool is locked inside, the matmul thread pool serialises their parallel
+// sections). A Model must outlive its sessions.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/cache/kv_pool.h"
+#include "engine/cache/sequence_state.h"
+#include "engine/capacity.h"
+#include "engine/config.h"
+#include "engine/cpu/thread_pool.h"
+#include "engine/models/qwen35.h"
+#include "engine/sampling.h"
+#include "engine/status.h"
+#include "engine/weights/safetensors.h"
+#include "engine/weights/tensor_names.h"
+
+namespace kiln::engine {
+
+struct EngineOptions {
+  int threads = 0;                             // 0: all hardware threads
+  int64_t kv_budget_bytes = int64_t(1) << 30;  // KV pages + the sessions' fixed GDN state
+  int max_sessions = 16;
+  CacheDtype cache_dtype = CacheDtype::f32;    // f32: exact; bf16: the released models' dtype, 2× tokens
+  int64_t page_tokens = 16;
+};
+
+class Session;
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, const EngineOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const CapacityPlan& plan() const { return plan_; }
+  const EngineOptions& options() const { return options_; }
+  const std::string& dir() const { return dir_; }
+  const Qwen35Model& network() const { return *network_; }
+  KvPool& kv_pool() const { return *kv_pool_; }
+
+  // A new empty session; fails when max_sessions are open.
+  Result<std::unique_ptr<Session>> open_session();
+
+ private:
+  friend class Session;
+  Model() = default;
+  std::string dir_;
+  EngineOptions options_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  ModelWeights weights_;
+  CapacityPlan plan_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<KvPool> kv_pool_;
+  std::unique_ptr<Qwen35Model> network_;
+  std::atomic<int> open_sessions_{0};
+};
+
+// A saved point in a session: its length and its GDN states (KV needs nothing: positions past the
+// checkpoint are dropped on rewind). Costs one copy of the GDN state (§4.1).
+struct SessionCheckpoint {
+  std::vector<int32_t> tokens;
+  std::vector<DeltaNetState> gdn;
+  std::vector<float> last_logits;
+};
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int64_t max_tokens = 256;
+  std::vector<int32_t> stop;  // generation ends after emitting one of these
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;
+  enum class Reason { stop_token, max_tokens, callback } reason = Reason::max_tokens;
+};
+
+// One sequence. State list:
+//   empty      — after Model::open_session(); no tokens, no logits
+//   ready      — append() / generate() / rewind() leave it here, with last_logits() valid
+// Every mutating call either succeeds fully or changes nothing (errors are returned before any
+// cache is touched).
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Prefills `tokens` after the history. Returns logits of the last position ([V]), or of every
+  // new position ([T][V]) when all_logits. Errors: bad token id, context longer than
+  // max_position_embeddings, "context memory exhausted".
+  Result<std::vector<float>> append(std::span<const int32_t> tokens, bool all_logits = false);
+
+  // Samples up to max_tokens from the last logits, appending each sampled token (so afterwards the
+  // history holds them all and last_logits() follows the final one). on_token returns false to stop.
+  Result<GenerateResult> generate(const GenerateOptions& options, const std::function<bool(int32_t)>& on_token = {});
+
+  SessionCheckpoint checkpoint() const;
+  // Back to a checkpoint taken from this session whose tokens are still a prefix of the history.
+  Status rewind(const SessionCheckpoint& checkpoint);
+
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  std::span<const float> last_logits() const { return last_logits_; }
+  int64_t size() const { return int64_t(tokens_.size()); }
+
+ private:
+  friend class Model;
+  explicit Session(Model& model);
+  Model& model_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> last_logits_;
+  SequenceState state_;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,95 @@
+// The op vocabulary of the Qwen3.5/3.6 hybrids. Ops know nothing about models or sessions.
+//
+// Dimension names used below: T = tokens in the step, H = hidden size, N/K = output/input features
+// of a matrix, Hq/Hkv = attention query/KV heads of size D, Hk/Hv = GDN key/value heads of size
+// dk/dv, C = conv channels, E = experts. Activations are row-major f32 [T][...].
+//
+// Every op has a plain scalar `_ref` twin (engine/cpu/ops_ref.cpp: obviously correct, never
+// optimised) and the fast path the model calls (engine/cpu/*.cpp). tests/engine/ops_test.cpp
+// compares each pair. Ops with a ThreadPool* may use it (nullptr = single thread).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/cpu/thread_pool.h"
+#include "engine/weights/safetensors.h"
+
+namespace kiln::engine {
+
+// A read-only [rows][cols] matrix in a checkpoint dtype, usually a view into the mmap.
+struct Matrix {
+  const void* data = nullptr;
+  Dtype dtype = Dtype::f32;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* row_ptr(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + size_t(r) * size_t(cols) * dtype_size(dtype);
+  }
+  Matrix row_slice(int64_t first, int64_t n) const { return Matrix{row_ptr(first), dtype, n, cols}; }
+};
+
+namespace ops {
+
+// y[T][N] = x[T][K] · Wᵀ, W = [N][K] (HF Linear). Accumulates in f32.
+void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float* y);
+void matmul_ref(const float* x, int64_t T, const Matrix& w, float* y);
+
+// RMSNorm over rows of n: y = x / sqrt(mean(x²)+eps) · (1+w) if zero_centred, else · w.
+// y may alias x.
+void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, bool zero_centred, double eps, float* y);
+
+// Gated RMSNorm of the GDN output, per row of n: y = x/sqrt(mean(x²)+eps) · w · silu(z).
+void rms_norm_gated(const float* x, const float* z, int64_t rows, int64_t n, const float* w, double eps, float* y);
+
+// L2 norm per row of n: x / sqrt(Σx² + eps) · scale, in place.
+void l2_norm(float* x, int64_t rows, int64_t n, double eps, float scale);
+
+// Partial NeoX RoPE in place on x[T][n_heads][head_dim]: the first rot_dim dims of each head,
+// pairing j with j+rot_dim/2, at position pos0 + t; θ_j = theta^(−2j/rot_dim).
+void rope_neox(float* x, int64_t T, int n_heads, int head_dim, int rot_dim, int64_t pos0, double theta);
+
+// Causal GQA attention. q[T][Hq][D]; k, v [n_kv][Hkv][D] hold every position 0..n_kv−1, and query
+// t is at position n_kv − T + t (it sees keys 0..that). out[T][Hq][D]. Softmax in f32.
+void attention(ThreadPool* pool, const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq,
+               int Hkv, int D, float scale, float* out);
+void attention_ref(const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq, int Hkv, int D,
+                   float scale, float* out);
+
+// Depthwise causal conv1d + SiLU over C channels with kernel K (w[C][K], w[.][K−1] multiplies
+// the newest token). state[K−1][C] holds the previous K−1 pre-conv inputs (oldest first) and is
+// updated to the last K−1 inputs. x, out [T][C].
+void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, float* state, float* out);
+
+// Gated delta rule (model-spec §3.6). Per value head j (key head j / (Hv/Hk)), state S[j] is
+// [dk][dv] f32. q, k [T][Hk][dk] (row strides q_stride/k_stride floats), already L2-normalised
+// (q also scaled by 1/√dk); v [T][Hv][dv] (row stride v_stride); beta, g [T][Hv]; out [T][Hv][dv].
+struct DeltaRuleArgs {
+  int64_t T = 0;
+  int Hk = 0, Hv = 0, dk = 0, dv = 0;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* beta = nullptr;
+  const float* g = nullptr;
+  float* state = nullptr;
+  float* out = nullptr;
+};
+// Recurrent form, token by token: the reference, and the decode path (T = 1).
+void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a);
+// Chunked form (chunk 64, WY representation), the prefill path for T > 1.
+void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a);
+constexpr int kDeltaRuleChunk = 64;
+
+// MoE router per token: softmax over E logits (f32), top-k by probability, renormalised.
+// ids[T][k], weights[T][k].
+void moe_route(const float* logits, int64_t T, int E, int k, int32_t* ids, float* weights);
+
+// y[i] = silu(gate[i]) · up[i], rows of n; gate row stride g_stride, up row stride u_stride.
+void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
+              float* y);
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+
+}  // namespace ops
+}  // namespace kiln::engine
