@@ -1,0 +1,138 @@
+// Comparing models on the same tasks: per-model summaries and pairwise McNemar tests.
+// SQL fetches the finished builds; the statistics are plain C++ over them so they can be read
+// (and tested) without a database.
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "store/store_impl.h"
+
+namespace kiln::store {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Nearest-rank percentile: the smallest value with at least p of the data at or below it.
+double percentile_nearest_rank(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+struct Finished {
+  std::string model;
+  std::string task_key;
+  bool succeeded;
+  double wall_s;
+  int64_t tokens_generated;
+  double seconds_decode;
+};
+
+}  // namespace
+
+double mcnemar_exact_p(int64_t b, int64_t c) {
+  int64_t n = b + c;
+  if (n <= 0) return 1.0;
+  int64_t k = std::min(b, c);
+  // P(X <= k) for X ~ Binomial(n, 1/2), summed in log space so large n does not underflow
+  // term by term before the sum is formed.
+  double log_half_n = static_cast<double>(n) * std::log(0.5);
+  double tail = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    double log_choose = std::lgamma(static_cast<double>(n) + 1) -
+                        std::lgamma(static_cast<double>(i) + 1) -
+                        std::lgamma(static_cast<double>(n - i) + 1);
+    tail += std::exp(log_choose + log_half_n);
+  }
+  return std::min(1.0, 2.0 * tail);
+}
+
+Result<CompareReport> Store::compare(const CompareQuery& query) {
+  std::vector<Finished> rows;
+  {
+    Result<Impl::ReaderLease> reader = impl_->reader();
+    if (!reader) return reader.error();
+    // Cancelled builds say nothing about a model, so they are left out. Wall time is the
+    // worker's measurement when it gave one, else finish minus latest claim.
+    Result<detail::Query> q = reader->db().query(
+        "SELECT b.model, b.task_key, b.status = 'succeeded', "
+        "CASE WHEN m.seconds_wall > 0 THEN m.seconds_wall "
+        "     ELSE (b.finished_ms - COALESCE(b.started_ms, b.created_ms)) / 1000.0 END, "
+        "m.tokens_generated, m.seconds_decode "
+        "FROM builds b JOIN build_metrics m ON m.build_id = b.id "
+        "WHERE b.status IN ('succeeded', 'failed', 'error') ORDER BY b.finished_ms, b.id");
+    if (!q) return q.error();
+    while (true) {
+      Result<bool> row = q->step();
+      if (!row) return row.error();
+      if (!*row) break;
+      rows.push_back({q->text(0), q->text(1), q->i64(2) != 0, q->f64(3), q->i64(4), q->f64(5)});
+    }
+  }
+
+  std::vector<std::string> models = query.models;
+  if (models.empty()) {
+    for (const Finished& f : rows) models.push_back(f.model);
+  }
+  std::sort(models.begin(), models.end());
+  models.erase(std::unique(models.begin(), models.end()), models.end());
+
+  CompareReport report;
+  // model -> task_key -> latest finished build (rows are in finish order, so later overwrite).
+  std::unordered_map<std::string, std::unordered_map<std::string, const Finished*>> latest;
+  for (const std::string& model : models) {
+    ModelStats s;
+    s.model = model;
+    std::vector<double> walls, tokens;
+    int64_t sum_tokens = 0;
+    double sum_decode = 0;
+    for (const Finished& f : rows) {
+      if (f.model != model) continue;
+      ++s.builds;
+      s.succeeded += f.succeeded ? 1 : 0;
+      walls.push_back(f.wall_s);
+      tokens.push_back(static_cast<double>(f.tokens_generated));
+      sum_tokens += f.tokens_generated;
+      sum_decode += f.seconds_decode;
+      latest[model][f.task_key] = &f;
+    }
+    s.success_rate = s.builds ? static_cast<double>(s.succeeded) / static_cast<double>(s.builds) : 0;
+    s.median_wall_s = median(walls);
+    s.p90_wall_s = percentile_nearest_rank(walls, 0.9);
+    s.median_tokens_generated = median(tokens);
+    s.decode_tokens_per_s = sum_decode > 0 ? static_cast<double>(sum_tokens) / sum_decode : 0;
+    report.models.push_back(std::move(s));
+  }
+
+  for (size_t i = 0; i < models.size(); ++i) {
+    for (size_t j = i + 1; j < models.size(); ++j) {
+      PairStats p;
+      p.model_a = models[i];
+      p.model_b = models[j];
+      std::vector<double> ratios;
+      for (const auto& [task, a] : latest[models[i]]) {
+        auto it = latest[models[j]].find(task);
+        if (it == latest[models[j]].end()) continue;
+        const Finished* b = it->second;
+        ++p.tasks;
+        if (a->succeeded && b->succeeded) ++p.both_succeeded;
+        else if (a->succeeded) ++p.only_a;
+        else if (b->succeeded) ++p.only_b;
+        else ++p.both_failed;
+        if (b->wall_s > 0) ratios.push_back(a->wall_s / b->wall_s);
+      }
+      p.mcnemar_p = mcnemar_exact_p(p.only_a, p.only_b);
+      if (!ratios.empty()) p.median_wall_ratio = median(ratios);
+      report.pairs.push_back(std::move(p));
+    }
+  }
+  return report;
+}
+
+}  // namespace kiln::store
