@@ -118,9 +118,10 @@ void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, fl
 }
 
 void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a) {
+  // The state is stored f32 between tokens (model-spec §9.1); within a step the sums run in double.
   const int r = a.Hv / a.Hk;
   auto head = [&](int64_t j0, int64_t j1) {
-    std::vector<float> e(static_cast<size_t>(a.dv));
+    std::vector<double> e(static_cast<size_t>(a.dv)), o(static_cast<size_t>(a.dv));
     for (int64_t j = j0; j < j1; ++j) {
       float* S = a.state + j * a.dk * a.dv;
       const int64_t m = j / r;
@@ -128,17 +129,19 @@ void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a) {
         const float* q = a.q + t * a.q_stride + m * a.dk;
         const float* k = a.k + t * a.k_stride + m * a.dk;
         const float* v = a.v + t * a.v_stride + j * a.dv;
-        const float beta = a.beta[t * a.Hv + j], gamma = std::exp(a.g[t * a.Hv + j]);
-        for (int64_t i = 0; i < a.dk * a.dv; ++i) S[i] *= gamma;  // decay first
+        const double beta = a.beta[t * a.Hv + j], gamma = std::exp(double(a.g[t * a.Hv + j]));
         for (int b = 0; b < a.dv; ++b) e[size_t(b)] = v[b];
         for (int i = 0; i < a.dk; ++i)
-          for (int b = 0; b < a.dv; ++b) e[size_t(b)] -= S[i * a.dv + b] * k[i];  // e = v − Sᵀk
+          for (int b = 0; b < a.dv; ++b) e[size_t(b)] -= gamma * S[i * a.dv + b] * k[i];  // e = v − (γS)ᵀk
+        std::fill(o.begin(), o.end(), 0.0);
         for (int i = 0; i < a.dk; ++i)
-          for (int b = 0; b < a.dv; ++b) S[i * a.dv + b] += k[i] * beta * e[size_t(b)];
-        float* o = a.out + (t * a.Hv + j) * a.dv;
-        for (int b = 0; b < a.dv; ++b) o[b] = 0;
-        for (int i = 0; i < a.dk; ++i)
-          for (int b = 0; b < a.dv; ++b) o[b] += S[i * a.dv + b] * q[i];  // o = Sᵀq, after the update
+          for (int b = 0; b < a.dv; ++b) {
+            const double s = gamma * S[i * a.dv + b] + k[i] * beta * e[size_t(b)];  // S ← γS + k ⊗ βe
+            S[i * a.dv + b] = float(s);
+            o[size_t(b)] += s * q[i];  // o = Sᵀq, after the update
+          }
+        float* out = a.out + (t * a.Hv + j) * a.dv;
+        for (int b = 0; b < a.dv; ++b) out[b] = float(o[size_t(b)]);
       }
     }
   };

@@ -1,0 +1,159 @@
+// Every malformed-input case gives a clear message naming the file, tensor or field at fault.
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "test_models.h"
+
+namespace kiln::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::make_model;
+
+const char* kQ = "model.language_model.layers.3.self_attn.q_proj.weight";
+
+// Rewrites a safetensors header through `edit`, keeping the payload bytes.
+void edit_header(const std::string& path, const std::function<void(json&)>& edit) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string bytes = ss.str();
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  json h = json::parse(bytes.substr(8, n));
+  edit(h);
+  std::string nh = h.dump();
+  while (nh.size() % 8) nh += ' ';
+  const uint64_t nl = nh.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&nl), 8);
+  out << nh << bytes.substr(8 + n);
+}
+
+void expect_load_error(const std::string& dir, std::initializer_list<std::string> parts) {
+  auto m = Model::load(dir);
+  ASSERT_FALSE(m.ok()) << "loaded a malformed model";
+  for (const auto& p : parts) EXPECT_NE(m.error().find(p), std::string::npos) << "message: " << m.error();
+}
+
+TEST(LoaderErrors, MissingTensorIsNamed) {
+  const std::string dir = make_model(TinyModelOptions{});
+  edit_header(dir + "/model.safetensors", [](json& h) {
+    h["renamed.q_proj"] = h[kQ];
+    h.erase(kQ);
+  });
+  expect_load_error(dir, {"missing tensor", kQ});
+}
+
+TEST(LoaderErrors, WrongShapeNamesTensorFileAndShapes) {
+  const std::string dir = make_model(TinyModelOptions{});
+  edit_header(dir + "/model.safetensors", [](json& h) { h[kQ]["shape"] = {64, 256}; });  // same bytes, transposed
+  expect_load_error(dir, {kQ, "model.safetensors", "shape [64, 256]", "expected [256, 64]"});
+}
+
+TEST(LoaderErrors, UnsupportedDtypeIsNamed) {
+  const std::string dir = make_model(TinyModelOptions{});
+  edit_header(dir + "/model.safetensors", [](json& h) { h[kQ]["dtype"] = "I16"; });
+  expect_load_error(dir, {kQ, "unsupported dtype I16"});
+}
+
+TEST(LoaderErrors, TruncatedFileIsReported) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string f = dir + "/model.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 100);
+  expect_load_error(dir, {"model.safetensors", "truncated"});
+  fs::resize_file(f, 4);
+  expect_load_error(dir, {"model.safetensors", "truncated"});
+}
+
+TEST(LoaderErrors, ConfigFieldOutOfRangeIsNamed) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string path = dir + "/config.json";
+  auto rewrite = [&](const std::function<void(json&)>& edit) {
+    std::ifstream in(path);
+    json c = json::parse(in);
+    edit(c);
+    std::ofstream(path, std::ios::trunc) << c.dump();
+  };
+  rewrite([](json& c) { c["text_config"]["num_experts_per_tok"] = 99; });
+  expect_load_error(dir, {"text_config.num_experts_per_tok", "99", "out of range"});
+  rewrite([](json& c) {
+    c["text_config"]["num_experts_per_tok"] = 2;
+    c["text_config"]["num_key_value_heads"] = 3;
+  });
+  expect_load_error(dir, {"num_key_value_heads", "num_attention_heads"});
+  rewrite([](json& c) {
+    c["text_config"]["num_key_value_heads"] = 2;
+    c["text_config"].erase("hidden_size");
+  });
+  expect_load_error(dir, {"text_config.hidden_size is missing"});
+  rewrite([](json& c) {
+    c["text_config"]["hidden_size"] = 64;
+    c["text_config"]["layer_types"][1] = "sliding_attention";
+  });
+  expect_load_error(dir, {"layer_types[1]", "sliding_attention"});
+}
+
+TEST(LoaderErrors, ShardMissingFromIndexIsNamed) {
+  TinyModelOptions o;
+  o.shards = 2;
+  const std::string dir = make_model(o);
+  fs::remove(dir + "/model-00002-of-00002.safetensors");
+  expect_load_error(dir, {"model-00002-of-00002.safetensors", "cannot open"});
+}
+
+TEST(LoaderErrors, VisionAndMtpTensorsAreSkippedOtherExtrasWarned) {
+  const std::string dir = make_model(TinyModelOptions{});
+  edit_header(dir + "/model.safetensors", [](json& h) {
+    h["mtp.fc.weight"] = h[kQ];  // aliases existing bytes: only the names matter here
+    h["model.visual.patch_embed.proj.weight"] = h[kQ];
+    h["model.language_model.layers.0.mystery"] = h[kQ];
+  });
+  auto m = Model::load(dir);
+  ASSERT_TRUE(m.ok()) << m.error();
+  ASSERT_EQ((*m)->weights().warnings.size(), 1u);
+  EXPECT_NE((*m)->weights().warnings[0].find("layers.0.mystery"), std::string::npos);
+}
+
+TEST(SessionErrors, BadTokenAndExhaustedMemoryAreReportedWithoutDamage) {
+  EngineOptions opt;
+  opt.max_sessions = 2;
+  TinyModelOptions o;
+  const std::string dir = make_model(o);
+  // Budget: the 2 sessions' fixed state plus exactly 4 pages of 16 tokens.
+  auto probe = Model::load(dir, opt);
+  ASSERT_TRUE(probe.ok()) << probe.error();
+  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + 4 * (*probe)->plan().page_bytes;
+  auto m = Model::load(dir, opt);
+  ASSERT_TRUE(m.ok()) << m.error();
+  auto s = (*m)->open_session();
+  ASSERT_TRUE(s.ok());
+  std::vector<int32_t> bad = {1, 2, 999};
+  auto r = (*s)->append(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("999"), std::string::npos) << r.error();
+  std::vector<int32_t> toks(60, 3);
+  ASSERT_TRUE((*s)->append(toks).ok());  // 4 pages
+  auto s2 = (*m)->open_session();
+  ASSERT_TRUE(s2.ok());
+  auto full = (*s2)->append(std::vector<int32_t>(5, 1));
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.error().find("context memory exhausted"), std::string::npos) << full.error();
+  EXPECT_EQ((*s2)->size(), 0);
+  auto s3 = (*m)->open_session();
+  ASSERT_FALSE(s3.ok());
+  EXPECT_NE(s3.error().find("session limit"), std::string::npos);
+  s->reset();  // closing a session returns its pages
+  EXPECT_TRUE((*s2)->append(std::vector<int32_t>(5, 1)).ok());
+}
+
+}  // namespace
+}  // namespace kiln::engine
