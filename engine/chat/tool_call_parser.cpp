@@ -1,0 +1,231 @@
+// ToolCallParser: the streaming state machine (reasoning → content ⇄ tool call). The body of a
+// complete <tool_call> is parsed and typed in tool_call_body.cpp.
+#include "engine/chat/tool_call_parser.h"
+
+#include "engine/chat/tool_call_body.h"
+#include "engine/tokenizer/utf8.h"
+
+namespace kiln::engine {
+
+namespace {
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kCallOpen = "<tool_call>";
+constexpr std::string_view kCallClose = "</tool_call>";
+constexpr std::string_view kFunctionOpen = "<function=";
+constexpr std::string_view kFunctionClose = "</function>";
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Length of the longest suffix of `s` that is a proper prefix of one of `tags` (text that might
+// still become a tag when more input arrives).
+std::size_t partial_tag_suffix(std::string_view s, std::initializer_list<std::string_view> tags) {
+  std::size_t best = 0;
+  for (std::string_view tag : tags) {
+    const std::size_t max = std::min(s.size(), tag.size() - 1);
+    for (std::size_t n = max; n > best; --n)
+      if (s.substr(s.size() - n) == tag.substr(0, n)) {
+        best = n;
+        break;
+      }
+  }
+  return best;
+}
+
+// Emits text with leading whitespace dropped and trailing whitespace held back until more
+// non-space text follows, so the concatenated output is trimmed however the input was split.
+void emit_trimmed(std::string_view text, bool& started, std::string& held, std::string& out) {
+  for (char c : text) {
+    if (is_ws(c)) {
+      if (started) held += c;
+      continue;
+    }
+    started = true;
+    out += held;
+    held.clear();
+    out += c;
+  }
+}
+
+// Position of the first `close` in `s` at or after `from` that is not inside an open
+// <parameter=…> value (so code containing the tag inside a parameter does not end the call).
+std::size_t find_structural_close(std::string_view s, std::string_view close) {
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t p = s.find(close, from);
+    if (p == std::string_view::npos) return p;
+    const std::size_t open = s.rfind("<parameter=", p);
+    const std::size_t shut = s.rfind("</parameter>", p);
+    if (open == std::string_view::npos || (shut != std::string_view::npos && shut > open))
+      return p;
+    from = p + 1;
+  }
+}
+
+}  // namespace
+
+std::string_view parse_error_kind_name(ParseErrorKind kind) {
+  switch (kind) {
+    case ParseErrorKind::unclosed_tag: return "unclosed_tag";
+    case ParseErrorKind::unknown_function: return "unknown_function";
+    case ParseErrorKind::missing_parameter: return "missing_parameter";
+    case ParseErrorKind::wrong_type: return "wrong_type";
+    case ParseErrorKind::unknown_parameter: return "unknown_parameter";
+    case ParseErrorKind::duplicate_parameter: return "duplicate_parameter";
+    case ParseErrorKind::malformed: return "malformed";
+  }
+  return "?";
+}
+
+void ParsedOutput::append(const ParsedOutput& o) {
+  reasoning += o.reasoning;
+  content += o.content;
+  tool_calls.insert(tool_calls.end(), o.tool_calls.begin(), o.tool_calls.end());
+  errors.insert(errors.end(), o.errors.begin(), o.errors.end());
+}
+
+ToolCallParser::ToolCallParser(std::vector<Json> tools, ToolCallParserOptions options)
+    : tools_(std::move(tools)),
+      options_(options),
+      state_(options.starts_in_reasoning ? State::reasoning : State::content) {}
+
+ParsedOutput ToolCallParser::feed(std::string_view chunk) {
+  ParsedOutput out;
+  if (finished_) return out;
+  buffer_.append(chunk);
+  step(out, false);
+  total_.append(out);
+  return out;
+}
+
+ParsedOutput ToolCallParser::finish() {
+  ParsedOutput out;
+  if (finished_) return out;
+  step(out, true);
+  finished_ = true;
+  total_.append(out);
+  return out;
+}
+
+void ToolCallParser::step(ParsedOutput& out, bool final) {
+  while (true) {
+    if (state_ == State::reasoning) {
+      if (!reasoning_started_) {
+        // A model may repeat the "<think>" that ends the prompt; drop it.
+        std::size_t k = 0;
+        while (k < buffer_.size() && is_ws(buffer_[k])) ++k;
+        std::string_view rest = std::string_view(buffer_).substr(k);
+        if (!final && rest.size() < kThinkOpen.size() && kThinkOpen.substr(0, rest.size()) == rest)
+          return;
+        if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) buffer_.erase(0, k + kThinkOpen.size());
+      }
+      const std::size_t p = buffer_.find(kThinkClose);
+      if (p != std::string::npos) {
+        std::string held;  // whitespace right before </think> is not reasoning
+        emit_trimmed(std::string_view(buffer_).substr(0, p), reasoning_started_, held_whitespace_,
+                     out.reasoning);
+        held_whitespace_.clear();
+        reasoning_started_ = true;
+        buffer_.erase(0, p + kThinkClose.size());
+        state_ = State::content;
+        continue;
+      }
+      std::size_t n = final ? buffer_.size()
+                            : buffer_.size() - partial_tag_suffix(buffer_, {kThinkClose});
+      if (!final) n = utf8::releasable_prefix(std::string_view(buffer_).substr(0, n));
+      emit_trimmed(std::string_view(buffer_).substr(0, n), reasoning_started_, held_whitespace_,
+                   out.reasoning);
+      buffer_.erase(0, n);
+      if (final) {
+        held_whitespace_.clear();
+        out.errors.push_back({ParseErrorKind::unclosed_tag,
+                              "unclosed <think>: the output ended before </think>", "", "",
+                              call_count_});
+      }
+      return;
+    }
+
+    if (state_ == State::content) {
+      // Earliest tag that changes state (or a stray tag to drop).
+      std::size_t best = std::string::npos;
+      std::string_view tag;
+      for (std::string_view t : {kCallOpen, kFunctionOpen, kCallClose, kThinkOpen, kThinkClose}) {
+        const std::size_t p = buffer_.find(t);
+        if (p < best) {
+          best = p;
+          tag = t;
+        }
+      }
+      if (best != std::string::npos) {
+        emit_content(out, std::string_view(buffer_).substr(0, best), true);
+        if (tag == kCallOpen || tag == kFunctionOpen) {
+          held_whitespace_.clear();  // whitespace before a call is not content
+          bare_function_ = tag == kFunctionOpen;
+          buffer_.erase(0, best + (bare_function_ ? 0 : tag.size()));
+          state_ = State::tool_call;
+        } else if (tag == kThinkOpen && !content_started_ && out.content.empty() &&
+                   total_.content.empty()) {
+          // Thinking was off in the prompt but the model opened a think block anyway.
+          buffer_.erase(0, best + tag.size());
+          reasoning_started_ = false;
+          state_ = State::reasoning;
+        } else {
+          buffer_.erase(0, best + tag.size());  // stray closing tag: drop it
+        }
+        continue;
+      }
+      std::size_t n = final ? buffer_.size()
+                            : buffer_.size() - partial_tag_suffix(buffer_, {kCallOpen, kFunctionOpen,
+                                                                            kCallClose, kThinkOpen,
+                                                                            kThinkClose});
+      if (!final) n = utf8::releasable_prefix(std::string_view(buffer_).substr(0, n));
+      emit_content(out, std::string_view(buffer_).substr(0, n), final);
+      buffer_.erase(0, n);
+      if (final) held_whitespace_.clear();
+      return;
+    }
+
+    // state_ == tool_call
+    const std::string_view close = bare_function_ ? kFunctionClose : kCallClose;
+    const std::size_t p = find_structural_close(buffer_, close);
+    if (p == std::string::npos) {
+      if (!final) return;
+      const std::size_t index = call_count_++;
+      out.errors.push_back(
+          {ParseErrorKind::unclosed_tag,
+           "tool call #" + std::to_string(index + 1) + ": unclosed " +
+               (bare_function_ ? "<function=…>: the output ended before </function>"
+                               : "<tool_call>: the output ended before </tool_call>"),
+           "", "", index});
+      buffer_.clear();
+      state_ = State::content;
+      return;
+    }
+    const std::size_t end = bare_function_ ? p + close.size() : p;
+    finish_call(out, std::string_view(buffer_).substr(0, end), bare_function_);
+    buffer_.erase(0, p + close.size());
+    state_ = State::content;
+  }
+}
+
+void ToolCallParser::emit_content(ParsedOutput& out, std::string_view text, bool) {
+  emit_trimmed(text, content_started_, held_whitespace_, out.content);
+}
+
+void ToolCallParser::finish_call(ParsedOutput& out, std::string_view body, bool) {
+  const std::size_t index = call_count_++;
+  CallParse parsed = parse_tool_call_body(body, tools_, index);
+  if (parsed.errors.empty()) out.tool_calls.push_back(std::move(parsed.call));
+  else out.errors.insert(out.errors.end(), parsed.errors.begin(), parsed.errors.end());
+}
+
+ParsedOutput parse_model_output(std::string_view text, const std::vector<Json>& tools,
+                                ToolCallParserOptions options) {
+  ToolCallParser parser(tools, options);
+  parser.feed(text);
+  parser.finish();
+  return parser.total();
+}
+
+}  // namespace kiln::engine
