@@ -1,0 +1,100 @@
+#include "engine/cpu/bandwidth.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/cpu/cpu_features.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kiln::engine::cpu {
+
+namespace {
+
+// Read-only streaming sum; the result is kept so the loads cannot be removed.
+uint64_t read_sum_scalar(const uint64_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    a ^= p[i];
+    b ^= p[i + 1];
+    c ^= p[i + 2];
+    d ^= p[i + 3];
+  }
+  return a ^ b ^ c ^ d;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  const auto* v = reinterpret_cast<const __m256i*>(p);
+  const size_t nv = n / 4;
+  for (size_t i = 0; i + 4 <= nv; i += 4) {
+    a = _mm256_xor_si256(a, _mm256_load_si256(v + i));
+    b = _mm256_xor_si256(b, _mm256_load_si256(v + i + 1));
+    c = _mm256_xor_si256(c, _mm256_load_si256(v + i + 2));
+    d = _mm256_xor_si256(d, _mm256_load_si256(v + i + 3));
+  }
+  const __m256i x = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), x);
+  return out[0] ^ out[1] ^ out[2] ^ out[3];
+}
+#endif
+
+uint64_t read_sum(const uint64_t* p, size_t n) {
+#if defined(__x86_64__)
+  if (cpu_features().avx2) return read_sum_avx2(p, n);
+#endif
+  return read_sum_scalar(p, n);
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+}  // namespace
+
+BandwidthResult measure_read_bandwidth(int threads, size_t buffer_bytes, int passes) {
+  threads = std::max(threads, 1);
+  const size_t per_thread = (buffer_bytes / threads) & ~size_t{255};
+  const size_t total = per_thread * threads;
+  std::unique_ptr<void, FreeDeleter> buf(std::aligned_alloc(64, total));
+  // First touch from the threads that will read (pages land near them on NUMA machines).
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] { std::memset(static_cast<char*>(buf.get()) + t * per_thread, t + 1, per_thread); });
+    for (auto& th : ts) th.join();
+  }
+  std::atomic<uint64_t> sink{0};
+  double best_s = 1e30;
+  for (int pass = 0; pass < passes; ++pass) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const auto* p = reinterpret_cast<const uint64_t*>(static_cast<char*>(buf.get()) + t * per_thread);
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+        sink.fetch_xor(read_sum(p, per_thread / 8));
+      });
+    while (ready.load() < threads) std::this_thread::yield();
+    const auto t0 = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    for (auto& th : ts) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best_s = std::min(best_s, s);
+  }
+  return BandwidthResult{static_cast<double>(total) / best_s / 1e9, total, threads};
+}
+
+}  // namespace kiln::engine::cpu

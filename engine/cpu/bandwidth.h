@@ -1,0 +1,21 @@
+// Memory read bandwidth, measured on the spot: N threads each stream a disjoint part of a buffer
+// much larger than the last-level cache, read-only, and the best of a few passes is reported.
+// The bench programs print achieved GB/s of a kernel against this figure.
+#pragma once
+
+#include <cstddef>
+
+namespace kiln::engine::cpu {
+
+struct BandwidthResult {
+  double gb_per_s = 0.0;  // 1e9 bytes per second, best pass
+  size_t bytes = 0;       // bytes read per pass
+  int threads = 0;
+};
+
+// buffer_bytes: default 1 GiB (32 MiB L3 on the dev machines); passes: best of this many.
+// Starts `threads` std::threads per pass (a probe, not a hot path).
+BandwidthResult measure_read_bandwidth(int threads, size_t buffer_bytes = size_t{1} << 30,
+                                       int passes = 5);
+
+}  // namespace kiln::engine::cpu

@@ -1,0 +1,43 @@
+// Row/token tiling shared by the SIMD matmul files (included only by matmul_avx2.cpp and
+// matmul_avx512.cpp, inside their target-specific regions).
+//
+// A Tile type provides `template <int R, int T> static void run(w, r, x, t, y, ldy)`, computing
+// the R×T outputs y[(t+j)*ldy + r+i]. drive() covers [r0, r1) × [0, n):
+//   - decode (n == 1): 4 rows at a time; each weight row is streamed once.
+//   - prefill: tokens in chunks of kTokenChunk (their activations stay in L2), and inside a
+//     chunk 2-row × 4-token tiles, so a weight block is loaded once per 4 tokens from L1 and once
+//     per chunk from memory.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::engine::cpu::tiles {
+
+inline constexpr int64_t kTokenChunk = 64;
+
+template <class Tile, int R>
+inline void tokens_for_rows(const WeightMatrix& w, int64_t r, const MatmulInput& x, int64_t t0,
+                            int64_t t1, float* y, int64_t ldy) {
+  int64_t t = t0;
+  for (; t + 4 <= t1; t += 4) Tile::template run<R, 4>(w, r, x, t, y, ldy);
+  for (; t < t1; ++t) Tile::template run<R, 1>(w, r, x, t, y, ldy);
+}
+
+template <class Tile>
+inline void drive(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0,
+                  int64_t r1) {
+  if (x.n == 1) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) Tile::template run<4, 1>(w, r, x, 0, y, ldy);
+    for (; r < r1; ++r) Tile::template run<1, 1>(w, r, x, 0, y, ldy);
+    return;
+  }
+  for (int64_t t0 = 0; t0 < x.n; t0 += kTokenChunk) {
+    const int64_t t1 = t0 + kTokenChunk < x.n ? t0 + kTokenChunk : x.n;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tokens_for_rows<Tile, 2>(w, r, x, t0, t1, y, ldy);
+    for (; r < r1; ++r) tokens_for_rows<Tile, 1>(w, r, x, t0, t1, y, ldy);
+  }
+}
+
+}  // namespace kiln::engine::cpu::tiles
