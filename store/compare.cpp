@@ -40,15 +40,24 @@ double mcnemar_exact_p(int64_t b, int64_t c) {
   int64_t n = b + c;
   if (n <= 0) return 1.0;
   int64_t k = std::min(b, c);
-  // P(X <= k) for X ~ Binomial(n, 1/2), summed in log space so large n does not underflow
-  // term by term before the sum is formed.
-  double log_half_n = static_cast<double>(n) * std::log(0.5);
-  double tail = 0;
-  for (int64_t i = 0; i <= k; ++i) {
-    double log_choose = std::lgamma(static_cast<double>(n) + 1) -
-                        std::lgamma(static_cast<double>(i) + 1) -
-                        std::lgamma(static_cast<double>(n - i) + 1);
-    tail += std::exp(log_choose + log_half_n);
+  double tail = 0;  // P(X <= k), X ~ Binomial(n, 1/2)
+  if (n <= 1000) {
+    // C(n, i) fits a double (C(1000, 500) ~ 2^995), and is exact up to 2^53, so small tables
+    // give exactly the hand-computed values; ldexp scales by 2^-n without underflow.
+    double choose = 1, sum = 0;
+    for (int64_t i = 0; i <= k; ++i) {
+      sum += choose;
+      choose = choose * static_cast<double>(n - i) / static_cast<double>(i + 1);
+    }
+    tail = std::ldexp(sum, -static_cast<int>(n));
+  } else {
+    // Log space for large n, where the terms themselves would overflow.
+    double log_half_n = static_cast<double>(n) * std::log(0.5);
+    for (int64_t i = 0; i <= k; ++i) {
+      tail += std::exp(std::lgamma(static_cast<double>(n) + 1) -
+                       std::lgamma(static_cast<double>(i) + 1) -
+                       std::lgamma(static_cast<double>(n - i) + 1) + log_half_n);
+    }
   }
   return std::min(1.0, 2.0 * tail);
 }
