@@ -1,0 +1,111 @@
+// The host-side watchdog: the parent's loop while a command runs.
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "sandbox/output_capture.h"
+#include "sandbox/process_tree.h"
+#include "sandbox/runner_internal.h"
+
+namespace kiln::sandbox {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+void Watch::loop(Result& result) {
+  // States: running → (deadline) terminating → (grace over) killing; running → (cancel) killing.
+  enum class Phase { running, terminating, killing } phase = Phase::running;
+  OutputCapture capture(policy.limits.output_head_bytes, policy.limits.output_tail_bytes);
+  const auto deadline = start + policy.limits.wall_timeout;
+  Clock::time_point phase_since = start;
+  bool eof = false, exited = false;
+  int status = 0;
+  rusage usage{};
+  std::string buffer(64 * 1024, '\0');
+
+  auto kill_everything = [&] {
+    signal_tree(pid, SIGKILL, /*include_root=*/true);
+    cgroup.signal_all(SIGKILL);
+  };
+
+  while (!(eof && exited)) {
+    if (!exited) {
+      pid_t w = wait4(pid, &status, WNOHANG, &usage);
+      if (w == pid) {
+        exited = true;
+        // bwrap's exit took its pid namespace with it. Without bwrap (Mode::none) or if something
+        // escaped, the process group and cgroup may still hold the output pipe: end them.
+        signal_tree(pid, SIGKILL, true);
+        cgroup.signal_all(SIGKILL);
+        phase_since = Clock::now();
+      }
+    }
+    const auto now = Clock::now();
+    if (exited && !eof && now - phase_since > milliseconds(500)) break;  // a stray writer: stop reading
+    if (!exited) {
+      bool cancel = options.cancel != nullptr && options.cancel->load();
+      if (cancel && phase != Phase::killing) {
+        result.cancelled = true;
+        kill_everything();
+        phase = Phase::killing;
+        phase_since = now;
+      } else if (phase == Phase::running && now >= deadline) {
+        result.timed_out = true;
+        // The command gets a chance to clean up; the outer bwrap is spared so the tree stays whole.
+        for (pid_t p : descendants(pid)) kill(p, SIGTERM);
+        cgroup.signal_all(SIGTERM);
+        phase = Phase::terminating;
+        phase_since = now;
+      } else if (phase == Phase::terminating && now - phase_since >= policy.limits.kill_grace) {
+        kill_everything();
+        phase = Phase::killing;
+        phase_since = now;
+      } else if (phase == Phase::killing && now - phase_since >= milliseconds(200)) {
+        kill_everything();  // repeat: processes forked between the scan and the kill
+        phase_since = now;
+      }
+    }
+    if (eof) {
+      usleep(5'000);  // only waiting for the exit now
+      continue;
+    }
+    pollfd pfd{out_fd, POLLIN, 0};
+    int ready = poll(&pfd, 1, 20);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready > 0) {
+      ssize_t n = read(out_fd, buffer.data(), buffer.size());
+      if (n > 0) {
+        std::string_view chunk(buffer.data(), static_cast<std::size_t>(n));
+        capture.append(chunk);
+        if (options.on_output) options.on_output(chunk);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        eof = true;
+      }
+    }
+  }
+  if (!exited) {  // defensive: the loop only leaves early after exit, but never leak a zombie
+    kill_everything();
+    wait4(pid, &status, 0, &usage);
+  }
+
+  result.output = capture.head();
+  result.head_bytes = result.output.size();
+  result.output += capture.tail();
+  result.total_output_bytes = capture.total_bytes();
+  result.dropped_bytes = capture.dropped_bytes();
+  if (WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    result.signal = WTERMSIG(status);
+    result.exit_code = 128 + result.signal;
+  }
+  auto seconds = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+  result.cpu_seconds = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+  result.peak_rss_bytes = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace kiln::sandbox

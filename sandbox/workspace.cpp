@@ -1,0 +1,140 @@
+// The workspace as the sandboxed uid sees it: ownership, $HOME, reachability; and request checks.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "sandbox/output_capture.h"
+#include "sandbox/runner_internal.h"
+
+namespace kiln::sandbox {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Can `uid`/`gid` enter directory `dir`? (mode bits only; kiln is root, so access() would lie.)
+bool searchable_by(const fs::path& dir, uid_t uid, gid_t gid) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) return false;
+  if (st.st_uid == uid) return st.st_mode & S_IXUSR;
+  if (st.st_gid == gid) return st.st_mode & S_IXGRP;
+  return st.st_mode & S_IXOTH;
+}
+
+std::string give_to(const fs::path& path, const Policy& policy) {
+  if (lchown(path.c_str(), policy.uid, policy.gid) != 0) {
+    return "cannot chown " + path.string() + " to uid " + std::to_string(policy.uid) + ": " + std::strerror(errno);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string check_request(const std::vector<std::string>& argv, const Policy& policy) {
+  if (argv.empty() || argv[0].empty()) return "command: empty";
+  if (policy.workspace.empty()) return "policy.workspace: empty";
+  if (!policy.workspace.is_absolute()) return "policy.workspace: not an absolute path: " + policy.workspace.string();
+  std::error_code ec;
+  if (!fs::is_directory(policy.workspace, ec)) return "workspace " + policy.workspace.string() + ": not a directory";
+  const Limits& l = policy.limits;
+  if (l.wall_timeout.count() <= 0) return "limits.wall_timeout: must be > 0";
+  if (l.max_processes == 0) return "limits.max_processes: must be > 0";
+  if (l.memory_bytes < (16u << 20)) return "limits.memory_bytes: below 16 MiB, nothing could start";
+  if (geteuid() == 0 && policy.mode == Mode::bwrap) {
+    for (fs::path dir = policy.workspace; ; dir = dir.parent_path()) {
+      if (!searchable_by(dir, policy.uid, policy.gid)) {
+        return "workspace " + policy.workspace.string() + ": directory " + dir.string() +
+               " is not searchable by sandbox uid " + std::to_string(policy.uid) +
+               " (put workspaces under a directory with mode 755)";
+      }
+      if (dir == dir.root_path()) break;
+    }
+  }
+  return "";
+}
+
+std::string find_bwrap(const Policy& policy) {
+  if (!policy.bwrap_path.empty()) return access(policy.bwrap_path.c_str(), X_OK) == 0 ? policy.bwrap_path.string() : "";
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    fs::path candidate = fs::path(dir.empty() ? "." : dir) / "bwrap";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+std::string resolve_on_path(const std::string& command) {
+  if (command.find('/') != std::string::npos) return access(command.c_str(), X_OK) == 0 ? command : "";
+  for (const char* dir : {"/usr/local/bin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/sbin", "/sbin"}) {
+    fs::path candidate = fs::path(dir) / command;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+std::string ensure_home(const Policy& policy) {
+  fs::path kiln_dir = policy.workspace / ".kiln";
+  fs::path home = kiln_dir / "home";
+  std::error_code ec;
+  if (fs::is_directory(home, ec)) return "";
+  fs::create_directories(home, ec);
+  if (ec) return "cannot create " + home.string() + ": " + ec.message();
+  if (geteuid() == 0) {
+    if (auto e = give_to(kiln_dir, policy); !e.empty()) return e;
+    if (auto e = give_to(home, policy); !e.empty()) return e;
+  }
+  return "";
+}
+
+std::string prepare_workspace(const Policy& policy) {
+  if (std::string e = check_request({"true"}, policy); !e.empty()) return e;
+  if (std::string e = ensure_home(policy); !e.empty()) return e;
+  if (geteuid() != 0) return "";  // the command runs as kiln's own uid, which owns the tree already
+  if (auto e = give_to(policy.workspace, policy); !e.empty()) return e;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(policy.workspace, fs::directory_options::none, ec), end;
+  if (ec) return "cannot walk " + policy.workspace.string() + ": " + ec.message();
+  for (; it != end; it.increment(ec)) {
+    if (ec) return "cannot walk " + policy.workspace.string() + ": " + ec.message();
+    // .git stays kiln's: commands see it read-only (and, unmapped, as the overflow uid).
+    if (it.depth() == 0 && it->path().filename() == ".git") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (auto e = give_to(it->path(), policy); !e.empty()) return e;
+  }
+  return "";
+}
+
+std::string Result::joined_output() const {
+  std::string_view all(output);
+  return join_with_marker(all.substr(0, head_bytes), all.substr(head_bytes), dropped_bytes);
+}
+
+nlohmann::json Result::to_json() const {
+  nlohmann::json j = {
+      {"ok", ok()},
+      {"exit_code", exit_code},
+      {"signal", signal},
+      {"timed_out", timed_out},
+      {"cancelled", cancelled},
+      {"output", joined_output()},
+      {"total_output_bytes", total_output_bytes},
+      {"dropped_bytes", dropped_bytes},
+      {"wall_seconds", wall_seconds},
+      {"cpu_seconds", cpu_seconds},
+      {"peak_rss_bytes", peak_rss_bytes},
+      {"enforced", enforced},
+      {"unsandboxed", unsandboxed},
+  };
+  if (!ok()) j["error"] = error;
+  return j;
+}
+
+}  // namespace kiln::sandbox

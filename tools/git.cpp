@@ -1,0 +1,272 @@
+// kiln's git operations through libgit2. Every libgit2 object is held by a unique_ptr with its
+// free function; every failure returns a message naming what was being done and libgit2's reason.
+#include "tools/git.h"
+
+#include <git2.h>
+
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+namespace kiln::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+template <class T, void (*Free)(T*)>
+struct Deleter {
+  void operator()(T* p) const { Free(p); }
+};
+template <class T, void (*Free)(T*)>
+using Owned = std::unique_ptr<T, Deleter<T, Free>>;
+using Repo = Owned<git_repository, git_repository_free>;
+using Object = Owned<git_object, git_object_free>;
+using Reference = Owned<git_reference, git_reference_free>;
+using Commit = Owned<git_commit, git_commit_free>;
+using Tree = Owned<git_tree, git_tree_free>;
+using Index = Owned<git_index, git_index_free>;
+using Diff = Owned<::git_diff, git_diff_free>;
+using Config = Owned<git_config, git_config_free>;
+using StatusList = Owned<git_status_list, git_status_list_free>;
+using Signature = Owned<git_signature, git_signature_free>;
+
+void init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    git_libgit2_init();
+    // Workspaces belong to the sandbox uid (so commands can write them) while kiln runs as root;
+    // libgit2's "owned by current user" check would refuse them. kiln creates every workspace
+    // itself, so the check protects nothing here.
+    git_libgit2_opts(GIT_OPT_SET_OWNER_VALIDATION, 0);
+  });
+}
+
+std::string why(const std::string& what) {
+  const git_error* e = git_error_last();
+  return what + ": " + (e != nullptr && e->message != nullptr ? e->message : "unknown libgit2 error");
+}
+
+template <class T>
+GitOutcome<T> failure(const std::string& what) {
+  GitOutcome<T> out;
+  out.error = why(what);
+  return out;
+}
+
+Repo open_repo(const fs::path& workspace, std::string& error) {
+  init_once();
+  git_repository* raw = nullptr;
+  if (git_repository_open_ext(&raw, workspace.c_str(), GIT_REPOSITORY_OPEN_NO_SEARCH, nullptr) != 0) {
+    error = why("cannot open repository " + workspace.string());
+  }
+  return Repo(raw);
+}
+
+std::string hex(const git_oid* oid) {
+  char buf[GIT_OID_HEXSZ + 1];
+  git_oid_tostr(buf, sizeof buf, oid);
+  return buf;
+}
+
+// Resolves a user-supplied ref in a fresh clone: remote branch, tag, then any revision syntax.
+Commit resolve_commit(git_repository* repo, const std::string& ref, std::string& error) {
+  std::vector<std::string> candidates;
+  if (ref.empty()) {
+    candidates = {"HEAD"};
+  } else {
+    candidates = {"refs/remotes/origin/" + ref, "refs/tags/" + ref, ref};
+  }
+  for (const auto& spec : candidates) {
+    git_object* obj = nullptr;
+    if (git_revparse_single(&obj, repo, spec.c_str()) != 0) continue;
+    Object owned(obj);
+    git_object* peeled = nullptr;
+    if (git_object_peel(&peeled, obj, GIT_OBJECT_COMMIT) != 0) continue;
+    return Commit(reinterpret_cast<git_commit*>(peeled));
+  }
+  error = "ref '" + ref + "' was not found in the cloned repository (tried a branch, a tag and a commit id)";
+  return nullptr;
+}
+
+}  // namespace
+
+GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref, const fs::path& dest,
+                                          const std::string& build_id) {
+  init_once();
+  GitOutcome<CloneInfo> out;
+  std::string branch = "kiln/" + build_id;
+  int valid = 0;
+  if (build_id.empty() || git_reference_name_is_valid(&valid, ("refs/heads/" + branch).c_str()) != 0 || !valid) {
+    out.error = "build id '" + build_id + "' does not make a valid branch name";
+    return out;
+  }
+  std::error_code ec;
+  if (fs::exists(dest, ec) && !fs::is_empty(dest, ec)) {
+    out.error = "workspace " + dest.string() + " already exists and is not empty";
+    return out;
+  }
+  std::string url = source;
+  if (fs::exists(source, ec)) url = fs::absolute(source).string();  // a local path
+  git_clone_options options = GIT_CLONE_OPTIONS_INIT;
+  options.checkout_opts.checkout_strategy = GIT_CHECKOUT_NONE;  // checked out below, at `ref`
+  git_repository* raw = nullptr;
+  if (git_clone(&raw, url.c_str(), dest.c_str(), &options) != 0) return failure<CloneInfo>("cannot clone " + source);
+  Repo repo(raw);
+  std::string error;
+  Commit commit = resolve_commit(repo.get(), ref, error);
+  if (!commit) {
+    out.error = error + " (" + source + ")";
+    return out;
+  }
+  git_reference* branch_raw = nullptr;
+  if (git_branch_create(&branch_raw, repo.get(), branch.c_str(), commit.get(), 0) != 0) {
+    return failure<CloneInfo>("cannot create branch " + branch);
+  }
+  Reference branch_ref(branch_raw);
+  git_checkout_options checkout = GIT_CHECKOUT_OPTIONS_INIT;
+  checkout.checkout_strategy = GIT_CHECKOUT_FORCE;
+  if (git_checkout_tree(repo.get(), reinterpret_cast<git_object*>(commit.get()), &checkout) != 0) {
+    return failure<CloneInfo>("cannot check out " + (ref.empty() ? std::string("HEAD") : ref));
+  }
+  if (git_repository_set_head(repo.get(), ("refs/heads/" + branch).c_str()) != 0) {
+    return failure<CloneInfo>("cannot switch HEAD to " + branch);
+  }
+  std::string base = hex(git_commit_id(commit.get()));
+  git_config* cfg_raw = nullptr;
+  if (git_repository_config(&cfg_raw, repo.get()) != 0) return failure<CloneInfo>("cannot open config of " + dest.string());
+  Config cfg(cfg_raw);
+  if (git_config_set_string(cfg.get(), "kiln.base", base.c_str()) != 0) return failure<CloneInfo>("cannot record kiln.base");
+  fs::path exclude = dest / ".git" / "info" / "exclude";
+  fs::create_directories(exclude.parent_path(), ec);
+  std::ofstream(exclude, std::ios::app) << "\n# kiln's own files (saved command output, the sandbox $HOME)\n/.kiln/\n";
+  out.value = {base, branch};
+  return out;
+}
+
+GitOutcome<std::vector<StatusEntry>> git_status(const fs::path& workspace) {
+  GitOutcome<std::vector<StatusEntry>> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  git_status_options options = GIT_STATUS_OPTIONS_INIT;
+  options.show = GIT_STATUS_SHOW_INDEX_AND_WORKDIR;
+  options.flags = GIT_STATUS_OPT_INCLUDE_UNTRACKED | GIT_STATUS_OPT_RECURSE_UNTRACKED_DIRS | GIT_STATUS_OPT_RENAMES_HEAD_TO_INDEX;
+  git_status_list* raw = nullptr;
+  if (git_status_list_new(&raw, repo.get(), &options) != 0) return failure<std::vector<StatusEntry>>("cannot read status of " + workspace.string());
+  StatusList list(raw);
+  for (std::size_t i = 0; i < git_status_list_entrycount(list.get()); ++i) {
+    const git_status_entry* e = git_status_byindex(list.get(), i);
+    const git_diff_delta* delta = e->head_to_index != nullptr ? e->head_to_index : e->index_to_workdir;
+    if (delta == nullptr || e->status == GIT_STATUS_CURRENT || (e->status & GIT_STATUS_IGNORED)) continue;
+    unsigned s = e->status;
+    std::string what = (s & (GIT_STATUS_WT_NEW | GIT_STATUS_INDEX_NEW))                ? "new"
+                       : (s & (GIT_STATUS_WT_DELETED | GIT_STATUS_INDEX_DELETED))       ? "deleted"
+                       : (s & (GIT_STATUS_WT_RENAMED | GIT_STATUS_INDEX_RENAMED))       ? "renamed"
+                       : (s & (GIT_STATUS_WT_TYPECHANGE | GIT_STATUS_INDEX_TYPECHANGE)) ? "typechange"
+                                                                                         : "modified";
+    out.value.push_back({delta->new_file.path != nullptr ? delta->new_file.path : delta->old_file.path, what});
+  }
+  return out;
+}
+
+GitOutcome<std::string> git_diff(const fs::path& workspace, const std::string& base_commit) {
+  GitOutcome<std::string> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  std::string base = base_commit;
+  if (base.empty()) {
+    git_config* cfg_raw = nullptr;
+    git_buf value = GIT_BUF_INIT;
+    if (git_repository_config_snapshot(&cfg_raw, repo.get()) != 0) return failure<std::string>("cannot read config of " + workspace.string());
+    Config cfg(cfg_raw);
+    if (git_config_get_string_buf(&value, cfg.get(), "kiln.base") != 0) return failure<std::string>("no kiln.base recorded in " + workspace.string() + " (not cloned by kiln?)");
+    base = value.ptr;
+    git_buf_dispose(&value);
+  }
+  git_object* obj = nullptr;
+  if (git_revparse_single(&obj, repo.get(), base.c_str()) != 0) return failure<std::string>("base commit " + base + " not found");
+  Object owned(obj);
+  git_object* tree_raw = nullptr;
+  if (git_object_peel(&tree_raw, obj, GIT_OBJECT_TREE) != 0) return failure<std::string>("base " + base + " has no tree");
+  Tree tree(reinterpret_cast<git_tree*>(tree_raw));
+  git_diff_options options = GIT_DIFF_OPTIONS_INIT;
+  options.flags = GIT_DIFF_INCLUDE_UNTRACKED | GIT_DIFF_RECURSE_UNTRACKED_DIRS | GIT_DIFF_SHOW_UNTRACKED_CONTENT;
+  ::git_diff* diff_raw = nullptr;
+  if (git_diff_tree_to_workdir_with_index(&diff_raw, repo.get(), tree.get(), &options) != 0) {
+    return failure<std::string>("cannot diff " + workspace.string() + " against " + base);
+  }
+  Diff diff(diff_raw);
+  git_buf buf = GIT_BUF_INIT;
+  if (git_diff_to_buf(&buf, diff.get(), GIT_DIFF_FORMAT_PATCH) != 0) return failure<std::string>("cannot format the diff");
+  out.value.assign(buf.ptr, buf.size);
+  git_buf_dispose(&buf);
+  return out;
+}
+
+GitOutcome<std::string> git_commit_all(const fs::path& workspace, const std::string& message) {
+  GitOutcome<std::string> out;
+  if (message.empty()) {
+    out.error = "commit message is empty";
+    return out;
+  }
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  git_index* index_raw = nullptr;
+  if (git_repository_index(&index_raw, repo.get()) != 0) return failure<std::string>("cannot open index of " + workspace.string());
+  Index index(index_raw);
+  char star[] = "*";
+  char* patterns[] = {star};
+  git_strarray all = {patterns, 1};
+  if (git_index_add_all(index.get(), &all, GIT_INDEX_ADD_DEFAULT, nullptr, nullptr) != 0 ||
+      git_index_update_all(index.get(), &all, nullptr, nullptr) != 0 || git_index_write(index.get()) != 0) {
+    return failure<std::string>("cannot stage changes in " + workspace.string());
+  }
+  git_oid tree_id;
+  if (git_index_write_tree(&tree_id, index.get()) != 0) return failure<std::string>("cannot write tree");
+  git_tree* tree_raw = nullptr;
+  if (git_tree_lookup(&tree_raw, repo.get(), &tree_id) != 0) return failure<std::string>("cannot read new tree");
+  Tree tree(tree_raw);
+  Commit parent;
+  git_object* head = nullptr;
+  if (git_revparse_single(&head, repo.get(), "HEAD^{commit}") == 0) parent.reset(reinterpret_cast<git_commit*>(head));
+  if (parent && git_oid_equal(git_commit_tree_id(parent.get()), &tree_id)) {
+    out.error = "nothing to commit in " + workspace.string() + ": the tree equals HEAD's";
+    return out;
+  }
+  git_signature* sig_raw = nullptr;
+  if (git_signature_now(&sig_raw, "kiln", "kiln@localhost") != 0) return failure<std::string>("cannot make signature");
+  Signature sig(sig_raw);
+  const git_commit* parents[] = {parent.get()};
+  git_oid commit_id;
+  if (git_commit_create(&commit_id, repo.get(), "HEAD", sig.get(), sig.get(), nullptr, message.c_str(), tree.get(),
+                        parent ? 1 : 0, parents) != 0) {
+    return failure<std::string>("cannot commit in " + workspace.string());
+  }
+  out.value = hex(&commit_id);
+  return out;
+}
+
+GitOutcome<std::string> git_head_commit(const fs::path& workspace) {
+  GitOutcome<std::string> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  git_oid id;
+  if (git_reference_name_to_id(&id, repo.get(), "HEAD") != 0) return failure<std::string>("HEAD of " + workspace.string());
+  out.value = hex(&id);
+  return out;
+}
+
+GitOutcome<std::string> git_current_branch(const fs::path& workspace) {
+  GitOutcome<std::string> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  git_reference* head = nullptr;
+  if (git_repository_head(&head, repo.get()) != 0) return failure<std::string>("HEAD of " + workspace.string());
+  Reference owned(head);
+  const char* name = nullptr;
+  if (git_branch_name(&name, head) != 0) return failure<std::string>("HEAD of " + workspace.string() + " is not a branch");
+  out.value = name;
+  return out;
+}
+
+}  // namespace kiln::tools

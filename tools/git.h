@@ -1,0 +1,56 @@
+// kiln's own git operations on a build's workspace, through libgit2 (never the git CLI).
+// The agent's `bash` may run read-only git commands in the sandbox; writes to the repository
+// (branch, commit) happen only here. libgit2 headers stay inside tools/git.cpp.
+//
+// Every function returns a GitOutcome: ok() or an error message naming the repository, ref or
+// path at fault (libgit2's own message appended). Thread-safety: functions on different
+// workspaces may run concurrently; one workspace is used by one thread at a time.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln::tools {
+
+template <class T>
+struct GitOutcome {
+  T value{};
+  std::string error;  // empty on success
+  bool ok() const { return error.empty(); }
+};
+
+struct CloneInfo {
+  std::string base_commit;  // full hex id of the commit the build starts from
+  std::string branch;       // "kiln/<build-id>", checked out
+};
+
+// Clones `source` (URL or local path) into `dest` (must not exist or be empty), resolves `ref`
+// (branch, tag, or commit; empty = the remote's HEAD), creates and checks out branch
+// kiln/<build_id> at it, records the base commit in the repository config (kiln.base), and writes
+// `.kiln/` into .git/info/exclude so kiln's own files (saved outputs, $HOME) stay out of diffs and
+// commits.
+GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
+                                          const std::filesystem::path& dest, const std::string& build_id);
+
+struct StatusEntry {
+  std::string path;
+  std::string status;  // "new", "modified", "deleted", "renamed", "typechange"
+};
+// Working tree + index against HEAD, untracked files included, ignored files excluded.
+GitOutcome<std::vector<StatusEntry>> git_status(const std::filesystem::path& workspace);
+
+// Unified patch of the working tree (untracked files included) against `base_commit`;
+// empty base_commit = the kiln.base recorded at clone time.
+GitOutcome<std::string> git_diff(const std::filesystem::path& workspace, const std::string& base_commit = "");
+
+// Stages every change (additions, modifications, deletions; ignored files excluded) and commits
+// it on HEAD's branch with author and committer `kiln <kiln@localhost>`. Returns the new commit id.
+// With nothing to commit, returns an error saying so.
+GitOutcome<std::string> git_commit_all(const std::filesystem::path& workspace, const std::string& message);
+
+// The commit HEAD points at, and the current branch's short name.
+GitOutcome<std::string> git_head_commit(const std::filesystem::path& workspace);
+GitOutcome<std::string> git_current_branch(const std::filesystem::path& workspace);
+
+}  // namespace kiln::tools
