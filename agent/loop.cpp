@@ -181,6 +181,7 @@ class Agent {
     emit("tool_result", {{"id", call.id}, {"name", call.name}, {"ok", obs.ok}, {"output", obs.text},
                          {"data", obs.data}, {"seconds", seconds}});
     observe(tool_message(obs.text, call.id, call.name));
+    if (obs.infra_error) return Stop{StopReason::infra_error, "tool `" + call.name + "` failed: " + obs.text};
     if (obs.submitted) {
       summary_ = obs.summary;
       return Stop{StopReason::submitted, "submitted: " + obs.summary};

@@ -18,6 +18,7 @@ struct ToolObservation {
   std::string text;          // what the model sees (already truncated with a marker if long)
   bool ok = true;            // false: the tool failed (the text says how)
   bool submitted = false;    // the call was `submit`: the model declares it is done
+  bool infra_error = false;  // kiln's machinery (the sandbox) failed, not the command: ends the build
   std::string summary;       // submit: the model's summary
   Json data = Json::object();  // structured details for the event log (exit code, paths, …)
 };
