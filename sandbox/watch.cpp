@@ -27,8 +27,17 @@ void Watch::loop(Result& result) {
   rusage usage{};
   std::string buffer(64 * 1024, '\0');
 
+  // SIGKILL to every process of the command. The outer bwrap is spared at first so that it reaps
+  // its pid-namespace init (whose death takes the whole namespace down) and exits normally —
+  // killing it first would leave that init as an orphan zombie on hosts whose pid 1 does not reap.
+  // If bwrap itself is still there after 500 ms, it is killed too.
+  const bool direct = policy.mode == Mode::none;
+  Clock::time_point first_kill{};
   auto kill_everything = [&] {
-    signal_tree(pid, SIGKILL, /*include_root=*/true);
+    auto now = Clock::now();
+    if (first_kill == Clock::time_point{}) first_kill = now;
+    bool include_root = direct || now - first_kill >= milliseconds(500);
+    signal_tree(pid, SIGKILL, include_root);
     cgroup.signal_all(SIGKILL);
   };
 
@@ -37,9 +46,9 @@ void Watch::loop(Result& result) {
       pid_t w = wait4(pid, &status, WNOHANG, &usage);
       if (w == pid) {
         exited = true;
-        // bwrap's exit took its pid namespace with it. Without bwrap (Mode::none) or if something
-        // escaped, the process group and cgroup may still hold the output pipe: end them.
-        signal_tree(pid, SIGKILL, true);
+        // bwrap's exit took its pid namespace with it. Without bwrap (Mode::none) the process
+        // group may still hold the output pipe, and the cgroup may hold stragglers: end them.
+        if (direct) kill(-pid, SIGKILL);
         cgroup.signal_all(SIGKILL);
         phase_since = Clock::now();
       }
@@ -64,8 +73,8 @@ void Watch::loop(Result& result) {
         kill_everything();
         phase = Phase::killing;
         phase_since = now;
-      } else if (phase == Phase::killing && now - phase_since >= milliseconds(200)) {
-        kill_everything();  // repeat: processes forked between the scan and the kill
+      } else if (phase == Phase::killing && now - phase_since >= milliseconds(100)) {
+        kill_everything();  // repeat: processes forked between the scan and the kill; escalate
         phase_since = now;
       }
     }
@@ -88,7 +97,8 @@ void Watch::loop(Result& result) {
     }
   }
   if (!exited) {  // defensive: the loop only leaves early after exit, but never leak a zombie
-    kill_everything();
+    kill(-pid, SIGKILL);
+    signal_tree(pid, SIGKILL, true);
     wait4(pid, &status, 0, &usage);
   }
 

@@ -1,0 +1,77 @@
+// The bash tool: exit codes, output shown to the model, saved full output, timeouts, cancellation.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tool_fixture.h"
+
+namespace kiln::tools {
+namespace {
+
+using kiln::testing::ToolFixture;
+using namespace std::chrono_literals;
+
+TEST(Bash, ShowsExitCodeAndOutput) {
+  ToolFixture f;
+  ToolResult ok = f.call("bash", {{"command", "echo hi; ls"}});
+  EXPECT_FALSE(ok.is_error);
+  EXPECT_EQ(ok.text, "[exit code 0]\nhi\n");
+  ToolResult bad = f.call("bash", {{"command", "echo oops >&2; exit 3"}});
+  EXPECT_TRUE(bad.is_error);
+  EXPECT_EQ(bad.text, "[exit code 3]\noops\n");
+  EXPECT_EQ(bad.data["exit_code"], 3);
+}
+
+TEST(Bash, LongOutputIsCutForTheModelAndSavedWhole) {
+  ToolFixture f;
+  ToolResult r = f.call("bash", {{"command", "seq 1 100000"}});
+  ASSERT_FALSE(r.is_error) << r.text.substr(0, 300);
+  EXPECT_LT(r.text.size(), kShownOutputBytes + 200);
+  EXPECT_EQ(r.text.rfind("[exit code 0]\n1\n2\n3\n", 0), 0u);
+  EXPECT_NE(r.text.find("100000\n"), std::string::npos);
+  EXPECT_NE(r.text.find("bytes cut; full output saved to /workspace/.kiln/outputs/1.log"), std::string::npos);
+  std::string saved = f.ws.read(".kiln/outputs/1.log");
+  std::string expected;
+  for (int i = 1; i <= 100000; ++i) expected += std::to_string(i) + "\n";
+  EXPECT_EQ(saved, expected);
+  EXPECT_EQ(r.data["saved_output"], ".kiln/outputs/1.log");
+}
+
+TEST(Bash, TimeoutIsClampedToTheBuildLimit) {
+  ToolFixture f;
+  f.ctx.max_command_timeout = 700ms;
+  auto start = std::chrono::steady_clock::now();
+  ToolResult r = f.call("bash", {{"command", "sleep 20"}, {"timeout", 600}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_NE(r.text.find("timed out"), std::string::npos) << r.text;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  EXPECT_TRUE(f.call("bash", {{"command", "true"}, {"timeout", 0}}).is_error);
+}
+
+TEST(Bash, CancellationStopsTheCommandPromptly) {
+  ToolFixture f;
+  std::atomic<bool> cancel{false};
+  f.ctx.cancel = &cancel;
+  std::thread t([&] {
+    std::this_thread::sleep_for(400ms);
+    cancel = true;
+  });
+  auto start = std::chrono::steady_clock::now();
+  ToolResult r = f.call("bash", {{"command", "sleep 20"}});
+  t.join();
+  EXPECT_TRUE(r.is_error);
+  EXPECT_NE(r.text.find("cancelled"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+TEST(Bash, SandboxFailureIsAnInfraErrorNotAnExitCode) {
+  ToolFixture f;
+  f.ctx.policy.bwrap_path = "/nonexistent/bwrap";
+  ToolResult r = f.call("bash", {{"command", "true"}});
+  EXPECT_TRUE(r.is_error);
+  EXPECT_EQ(r.data["infra_error"], true);
+  EXPECT_NE(r.text.find("bwrap not found"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::tools
