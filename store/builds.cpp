@@ -90,9 +90,7 @@ std::map<std::string, int64_t> parse_tool_calls_json(const std::string& json) {
 }  // namespace detail
 
 Result<Build> Store::get(int64_t build_id, bool include_diff) {
-  Result<Impl::ReaderLease> reader = impl_->reader();
-  if (!reader) return reader.error();
-  return detail::load_build(reader->db(), build_id, include_diff);
+  return impl_->read([&](detail::Db& db) { return detail::load_build(db, build_id, include_diff); });
 }
 
 Result<ListPage> Store::list(const ListQuery& query) {
@@ -109,64 +107,63 @@ Result<ListPage> Store::list(const ListQuery& query) {
   if (query.cursor) sql += " AND b.id < ?3";
   sql += " ORDER BY b.id DESC LIMIT ?4";
 
-  Result<Impl::ReaderLease> reader = impl_->reader();
-  if (!reader) return reader.error();
-  Result<detail::Query> q = reader->db().query(sql);
-  if (!q) return q.error();
-  if (query.status) q->bind(1, to_string(*query.status));
-  if (query.model) q->bind(2, *query.model);
-  if (query.cursor) q->bind(3, *query.cursor);
-  q->bind(4, static_cast<int64_t>(query.limit) + 1);  // one extra row tells whether more exist
-
-  ListPage page;
-  while (true) {
-    Result<bool> row = q->step();
-    if (!row) return row.error();
-    if (!*row) break;
-    page.builds.push_back(detail::read_build(*q));
-  }
-  if (page.builds.size() > static_cast<size_t>(query.limit)) {
-    page.builds.pop_back();
-    page.next_cursor = page.builds.back().id;
-  }
-  return page;
-}
-
-Result<StoreStats> Store::stats() {
-  Result<Impl::ReaderLease> reader = impl_->reader();
-  if (!reader) return reader.error();
-  detail::Db& db = reader->db();
-  // One read transaction so the counts and the sums describe the same moment.
-  if (Status s = db.exec("BEGIN"); !s) return s.error();
-  struct EndRead {
-    detail::Db& db;
-    ~EndRead() { (void)db.exec("COMMIT"); }
-  } end_read{db};
-
-  StoreStats stats;
-  for (BuildStatus status : kAllStatuses) stats.builds_by_status[status] = 0;
-  {
-    Result<detail::Query> q = db.query("SELECT status, COUNT(*) FROM builds GROUP BY status");
+  return impl_->read([&](detail::Db& db) -> Result<ListPage> {
+    Result<detail::Query> q = db.query(sql);
     if (!q) return q.error();
+    if (query.status) q->bind(1, to_string(*query.status));
+    if (query.model) q->bind(2, *query.model);
+    if (query.cursor) q->bind(3, *query.cursor);
+    q->bind(4, static_cast<int64_t>(query.limit) + 1);  // one extra row tells whether more exist
+
+    ListPage page;
     while (true) {
       Result<bool> row = q->step();
       if (!row) return row.error();
       if (!*row) break;
-      if (auto status = parse_build_status(q->text(0))) stats.builds_by_status[*status] = q->i64(1);
+      page.builds.push_back(detail::read_build(*q));
     }
-  }
-  stats.queue_depth = stats.builds_by_status[BuildStatus::queued];
-  Result<detail::Query> q = db.query(
-      "SELECT TOTAL(tokens_prefilled), TOTAL(tokens_cached), TOTAL(tokens_generated), "
-      "TOTAL(tokens_reasoning) FROM build_metrics");
-  if (!q) return q.error();
-  Result<bool> row = q->step();
-  if (!row) return row.error();
-  stats.tokens_prefilled = static_cast<int64_t>(q->f64(0));
-  stats.tokens_cached = static_cast<int64_t>(q->f64(1));
-  stats.tokens_generated = static_cast<int64_t>(q->f64(2));
-  stats.tokens_reasoning = static_cast<int64_t>(q->f64(3));
-  return stats;
+    if (page.builds.size() > static_cast<size_t>(query.limit)) {
+      page.builds.pop_back();
+      page.next_cursor = page.builds.back().id;
+    }
+    return page;
+  });
+}
+
+Result<StoreStats> Store::stats() {
+  return impl_->read([&](detail::Db& db) -> Result<StoreStats> {
+    // One read transaction so the counts and the sums describe the same moment.
+    if (Status s = db.exec("BEGIN"); !s) return s.error();
+    struct EndRead {
+      detail::Db& db;
+      ~EndRead() { db.rollback_if_open(); }  // a read-only transaction: rollback just ends it
+    } end_read{db};
+
+    StoreStats stats;
+    for (BuildStatus status : kAllStatuses) stats.builds_by_status[status] = 0;
+    {
+      Result<detail::Query> q = db.query("SELECT status, COUNT(*) FROM builds GROUP BY status");
+      if (!q) return q.error();
+      while (true) {
+        Result<bool> row = q->step();
+        if (!row) return row.error();
+        if (!*row) break;
+        if (auto status = parse_build_status(q->text(0))) stats.builds_by_status[*status] = q->i64(1);
+      }
+    }
+    stats.queue_depth = stats.builds_by_status[BuildStatus::queued];
+    Result<detail::Query> q = db.query(
+        "SELECT TOTAL(tokens_prefilled), TOTAL(tokens_cached), TOTAL(tokens_generated), "
+        "TOTAL(tokens_reasoning) FROM build_metrics");
+    if (!q) return q.error();
+    Result<bool> row = q->step();
+    if (!row) return row.error();
+    stats.tokens_prefilled = static_cast<int64_t>(q->f64(0));
+    stats.tokens_cached = static_cast<int64_t>(q->f64(1));
+    stats.tokens_generated = static_cast<int64_t>(q->f64(2));
+    stats.tokens_reasoning = static_cast<int64_t>(q->f64(3));
+    return stats;
+  });
 }
 
 }  // namespace kiln::store

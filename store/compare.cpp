@@ -54,8 +54,7 @@ double mcnemar_exact_p(int64_t b, int64_t c) {
     // Log space for large n, where the terms themselves would overflow.
     double log_half_n = static_cast<double>(n) * std::log(0.5);
     for (int64_t i = 0; i <= k; ++i) {
-      tail += std::exp(std::lgamma(static_cast<double>(n) + 1) -
-                       std::lgamma(static_cast<double>(i) + 1) -
+      tail += std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(i) + 1) -
                        std::lgamma(static_cast<double>(n - i) + 1) + log_half_n);
     }
   }
@@ -64,12 +63,11 @@ double mcnemar_exact_p(int64_t b, int64_t c) {
 
 Result<CompareReport> Store::compare(const CompareQuery& query) {
   std::vector<Finished> rows;
-  {
-    Result<Impl::ReaderLease> reader = impl_->reader();
-    if (!reader) return reader.error();
+  Status fetched = impl_->read([&](detail::Db& db) -> Status {
+    rows.clear();
     // Cancelled builds say nothing about a model, so they are left out. Wall time is the
     // worker's measurement when it gave one, else finish minus latest claim.
-    Result<detail::Query> q = reader->db().query(
+    Result<detail::Query> q = db.query(
         "SELECT b.model, b.task_key, b.status = 'succeeded', "
         "CASE WHEN m.seconds_wall > 0 THEN m.seconds_wall "
         "     ELSE (b.finished_ms - COALESCE(b.started_ms, b.created_ms)) / 1000.0 END, "
@@ -83,7 +81,9 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
       if (!*row) break;
       rows.push_back({q->text(0), q->text(1), q->i64(2) != 0, q->f64(3), q->i64(4), q->f64(5)});
     }
-  }
+    return {};
+  });
+  if (!fetched) return fetched.error();
 
   std::vector<std::string> models = query.models;
   if (models.empty()) {
@@ -130,10 +130,14 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
         if (it == latest[models[j]].end()) continue;
         const Finished* b = it->second;
         ++p.tasks;
-        if (a->succeeded && b->succeeded) ++p.both_succeeded;
-        else if (a->succeeded) ++p.only_a;
-        else if (b->succeeded) ++p.only_b;
-        else ++p.both_failed;
+        if (a->succeeded && b->succeeded)
+          ++p.both_succeeded;
+        else if (a->succeeded)
+          ++p.only_a;
+        else if (b->succeeded)
+          ++p.only_b;
+        else
+          ++p.both_failed;
         if (b->wall_s > 0) ratios.push_back(a->wall_s / b->wall_s);
       }
       p.mcnemar_p = mcnemar_exact_p(p.only_a, p.only_b);

@@ -18,9 +18,7 @@ std::optional<Error> validate_event(std::string_view kind, std::string_view payl
   }
   if (!nlohmann::json::accept(payload_json)) {
     return Error{ErrorCode::invalid_argument,
-                 "event payload is not valid JSON: " +
-                     std::string(payload_json.substr(0, 80)),
-                 "payload"};
+                 "event payload is not valid JSON: " + std::string(payload_json.substr(0, 80)), "payload"};
   }
   return std::nullopt;
 }
@@ -29,8 +27,8 @@ std::optional<Error> validate_event(std::string_view kind, std::string_view payl
 
 namespace detail {
 
-Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms,
-                             std::string_view kind, std::string_view payload_json) {
+Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms, std::string_view kind,
+                             std::string_view payload_json) {
   Result<Query> q = db.query(
       "INSERT INTO build_events(build_id, seq, attempt, ts_ms, kind, payload_json) VALUES "
       "(?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM build_events WHERE build_id = ?1), "
@@ -63,8 +61,8 @@ Error fence_error(Db& db, int64_t build_id, int attempt, std::string_view operat
   if (!*row) return Error{ErrorCode::not_found, id + " does not exist", ""};
   return Error{ErrorCode::fenced,
                id + ": " + std::string(operation) + " by attempt " + std::to_string(attempt) +
-                   " rejected; the build is now " + q->text(0) + " at attempt " +
-                   std::to_string(q->i64(1)) + " (the lease was lost or the build finished)",
+                   " rejected; the build is now " + q->text(0) + " at attempt " + std::to_string(q->i64(1)) +
+                   " (the lease was lost or the build finished)",
                ""};
 }
 
@@ -75,8 +73,7 @@ Result<int64_t> Store::append_event(int64_t build_id, int attempt, std::string_v
   return append_events(build_id, attempt, {NewEvent{std::string(kind), std::string(payload_json)}});
 }
 
-Result<int64_t> Store::append_events(int64_t build_id, int attempt,
-                                     const std::vector<NewEvent>& events) {
+Result<int64_t> Store::append_events(int64_t build_id, int attempt, const std::vector<NewEvent>& events) {
   if (events.empty()) return Error{ErrorCode::invalid_argument, "no events to append", "events"};
   for (const NewEvent& e : events) {
     if (std::optional<Error> err = validate_event(e.kind, e.payload_json)) return *err;
@@ -86,8 +83,7 @@ Result<int64_t> Store::append_events(int64_t build_id, int attempt,
     Result<WriteTxn> txn = WriteTxn::begin(db);
     if (!txn) return txn.error();
     {
-      Result<Query> q = db.query(
-          "SELECT 1 FROM builds WHERE id = ? AND attempt = ? AND status = 'running'");
+      Result<Query> q = db.query("SELECT 1 FROM builds WHERE id = ? AND attempt = ? AND status = 'running'");
       if (!q) return q.error();
       q->bind(1, build_id).bind(2, attempt);
       Result<bool> row = q->step();
@@ -112,35 +108,34 @@ Result<std::vector<Event>> Store::read_events(int64_t build_id, int64_t after_se
                  "limit must be between 1 and 10000, got " + std::to_string(limit), "limit"};
   }
   if (after_seq < 0) return Error{ErrorCode::invalid_argument, "after must be >= 0", "after"};
-  Result<Impl::ReaderLease> reader = impl_->reader();
-  if (!reader) return reader.error();
-  Db& db = reader->db();
-  std::vector<Event> events;
-  {
-    Result<Query> q = db.query(
-        "SELECT seq, attempt, ts_ms, kind, payload_json FROM build_events "
-        "WHERE build_id = ? AND seq > ? ORDER BY seq LIMIT ?");
-    if (!q) return q.error();
-    q->bind(1, build_id).bind(2, after_seq).bind(3, limit);
-    while (true) {
-      Result<bool> row = q->step();
+  return impl_->read([&](Db& db) -> Result<std::vector<Event>> {
+    std::vector<Event> events;
+    {
+      Result<Query> q = db.query(
+          "SELECT seq, attempt, ts_ms, kind, payload_json FROM build_events "
+          "WHERE build_id = ? AND seq > ? ORDER BY seq LIMIT ?");
+      if (!q) return q.error();
+      q->bind(1, build_id).bind(2, after_seq).bind(3, limit);
+      while (true) {
+        Result<bool> row = q->step();
+        if (!row) return row.error();
+        if (!*row) break;
+        events.push_back(
+            Event{build_id, q->i64(0), static_cast<int>(q->i64(1)), q->i64(2), q->text(3), q->text(4)});
+      }
+    }
+    if (events.empty()) {
+      // Tell "no such build" from "no new events": every build has at least its queued event.
+      Result<Query> q = db.query("SELECT 1 FROM builds WHERE id = ?");
+      if (!q) return q.error();
+      Result<bool> row = q->bind(1, build_id).step();
       if (!row) return row.error();
-      if (!*row) break;
-      events.push_back(Event{build_id, q->i64(0), static_cast<int>(q->i64(1)), q->i64(2),
-                             q->text(3), q->text(4)});
+      if (!*row) {
+        return Error{ErrorCode::not_found, "build " + std::to_string(build_id) + " does not exist", ""};
+      }
     }
-  }
-  if (events.empty()) {
-    // Tell "no such build" from "no new events": every build has at least its queued event.
-    Result<Query> q = db.query("SELECT 1 FROM builds WHERE id = ?");
-    if (!q) return q.error();
-    Result<bool> row = q->bind(1, build_id).step();
-    if (!row) return row.error();
-    if (!*row) {
-      return Error{ErrorCode::not_found, "build " + std::to_string(build_id) + " does not exist", ""};
-    }
-  }
-  return events;
+    return events;
+  });
 }
 
 Result<std::vector<Event>> Store::wait_for_events(int64_t build_id, int64_t after_seq, int limit,

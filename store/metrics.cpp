@@ -6,10 +6,9 @@ namespace kiln::store {
 
 Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) {
   auto negative = [](double v) { return v < 0; };
-  if (d.tokens_prefilled < 0 || d.tokens_cached < 0 || d.tokens_generated < 0 ||
-      d.tokens_reasoning < 0 || d.steps < 0 || negative(d.seconds_setup) ||
-      negative(d.seconds_prefill) || negative(d.seconds_decode) || negative(d.seconds_tools) ||
-      negative(d.seconds_verify) || negative(d.seconds_wall)) {
+  if (d.tokens_prefilled < 0 || d.tokens_cached < 0 || d.tokens_generated < 0 || d.tokens_reasoning < 0 ||
+      d.steps < 0 || negative(d.seconds_setup) || negative(d.seconds_prefill) || negative(d.seconds_decode) ||
+      negative(d.seconds_tools) || negative(d.seconds_verify) || negative(d.seconds_wall)) {
     return Error{ErrorCode::invalid_argument, "metric deltas must not be negative", "metrics"};
   }
   if (d.seconds_queue != 0) {

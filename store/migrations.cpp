@@ -91,9 +91,7 @@ CREATE INDEX builds_task_model ON builds(task_key, model, finished_ms);
 int latest_schema_version() { return kMigrations[std::size(kMigrations) - 1].version; }
 
 Result<int> schema_version(Db& db) {
-  if (Status s = db.exec(
-          "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)");
-      !s) {
+  if (Status s = db.exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"); !s) {
     return s.error();
   }
   Result<Query> q = db.query("SELECT MAX(version) FROM schema_version");
@@ -114,8 +112,7 @@ Status migrate(Db& db, int target) {
   if (*current > latest_schema_version()) {
     return Error{ErrorCode::schema_too_new,
                  "database " + db.path() + " has schema version " + std::to_string(*current) +
-                     " but this kiln knows only up to " +
-                     std::to_string(latest_schema_version()) +
+                     " but this kiln knows only up to " + std::to_string(latest_schema_version()) +
                      "; run a newer kiln or point --db at another file",
                  ""};
   }
@@ -123,9 +120,7 @@ Status migrate(Db& db, int target) {
     if (m.version <= *current || m.version > target) continue;
     if (Status s = db.exec_script(m.sql); !s) {
       return Error{s.error().code,
-                   "migration " + std::to_string(m.version) + " (" + m.what + "): " +
-                       s.error().message,
-                   ""};
+                   "migration " + std::to_string(m.version) + " (" + m.what + "): " + s.error().message, ""};
     }
     Result<Query> q = db.query("INSERT INTO schema_version(version) VALUES (?)");
     if (!q) return q.error();

@@ -32,8 +32,8 @@ std::optional<Error> validate(const BuildSpec& spec, const StoreOptions& options
   if (options.allowed_models && !options.allowed_models->count(spec.model)) {
     std::string known;
     for (const std::string& m : *options.allowed_models) known += (known.empty() ? "" : ", ") + m;
-    return invalid("model", "unknown model \"" + spec.model + "\" (configured: " +
-                                (known.empty() ? "none" : known) + ")");
+    return invalid("model", "unknown model \"" + spec.model +
+                                "\" (configured: " + (known.empty() ? "none" : known) + ")");
   }
   if (spec.limits.max_steps < 0) return invalid("limits.max_steps", "limits.max_steps is negative");
   if (spec.limits.max_tokens < 0) {
@@ -49,19 +49,23 @@ std::optional<Error> validate(const BuildSpec& spec, const StoreOptions& options
 bool reason_fits(BuildStatus status, OutcomeReason reason) {
   using R = OutcomeReason;
   switch (status) {
-    case BuildStatus::succeeded: return reason == R::verified || reason == R::no_verify;
+    case BuildStatus::succeeded:
+      return reason == R::verified || reason == R::no_verify;
     case BuildStatus::failed:
       return reason == R::verify_failed || reason == R::no_verify || reason == R::step_limit ||
              reason == R::token_limit || reason == R::time_limit;
-    case BuildStatus::cancelled: return reason == R::cancelled;
-    case BuildStatus::error: return reason == R::infra_error || reason == R::model_error;
-    default: return false;
+    case BuildStatus::cancelled:
+      return reason == R::cancelled;
+    case BuildStatus::error:
+      return reason == R::infra_error || reason == R::model_error;
+    default:
+      return false;
   }
 }
 
 // The transition's closing steps: the status event, the commit, the wake-ups.
-Result<Build> commit_transition(Store::Impl& impl, Db& db, WriteTxn& txn, int64_t build_id,
-                                int64_t now, bool include_diff = false) {
+Result<Build> commit_transition(Store::Impl& impl, Db& db, WriteTxn& txn, int64_t build_id, int64_t now,
+                                bool include_diff = false) {
   Result<Build> build = detail::load_build(db, build_id, include_diff);
   if (!build) return build;
   Result<int64_t> seq = detail::insert_status_event(db, *build, now);
@@ -132,8 +136,8 @@ Result<std::optional<Build>> Store::claim(const ClaimRequest& request) {
       id = q->i64(0);
       queued_ms = q->i64(1);
     }
-    Result<Query> m = db.query(
-        "UPDATE build_metrics SET seconds_queue = seconds_queue + ? WHERE build_id = ?");
+    Result<Query> m =
+        db.query("UPDATE build_metrics SET seconds_queue = seconds_queue + ? WHERE build_id = ?");
     if (!m) return m.error();
     m->bind(1, std::max<int64_t>(0, now - queued_ms) / 1000.0).bind(2, id);
     if (Status s = m->run(); !s) return s.error();
@@ -151,8 +155,8 @@ Result<std::optional<Build>> Store::claim_wait(const ClaimRequest& request,
     uint64_t epoch = work_epoch();
     Result<std::optional<Build>> claimed = claim(request);
     if (!claimed || claimed->has_value() || impl_->stopped.load()) return claimed;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left <= std::chrono::milliseconds(0)) return claimed;
     // Another process may submit without notifying us: poll at least once a second.
     wait_for_work(epoch, std::min(left, std::chrono::milliseconds(1000)));
@@ -186,12 +190,11 @@ Result<HeartbeatReply> Store::heartbeat(int64_t build_id, int attempt, int64_t l
 
 Result<Build> Store::finish(int64_t build_id, int attempt, const FinishRequest& request) {
   if (!is_terminal(request.status)) {
-    return invalid("status", "finish needs a terminal status, got " +
-                                 std::string(to_string(request.status)));
+    return invalid("status", "finish needs a terminal status, got " + std::string(to_string(request.status)));
   }
   if (!reason_fits(request.status, request.reason)) {
-    return invalid("reason", "reason " + std::string(to_string(request.reason)) +
-                                 " does not fit status " + std::string(to_string(request.status)));
+    return invalid("reason", "reason " + std::string(to_string(request.reason)) + " does not fit status " +
+                                 std::string(to_string(request.status)));
   }
   return impl_->write([&](Db& db) -> Result<Build> {
     int64_t now = impl_->now_ms();
@@ -245,13 +248,15 @@ Result<CancelReply> Store::cancel(int64_t build_id) {
       return CancelReply{std::move(*build), false};  // asked before; nothing new to write
     }
     bool immediate = build->status == BuildStatus::queued;
-    Result<Query> q = db.query(
-        immediate ? "UPDATE builds SET status = 'cancelled', outcome = 'cancelled', "
-                    "finished_ms = ? WHERE id = ? AND status = 'queued'"
-                  : "UPDATE builds SET cancel_requested = 1 WHERE id = ? AND status = 'running'");
+    Result<Query> q =
+        db.query(immediate ? "UPDATE builds SET status = 'cancelled', outcome = 'cancelled', "
+                             "finished_ms = ? WHERE id = ? AND status = 'queued'"
+                           : "UPDATE builds SET cancel_requested = 1 WHERE id = ? AND status = 'running'");
     if (!q) return q.error();
-    if (immediate) q->bind(1, now).bind(2, build_id);
-    else q->bind(1, build_id);
+    if (immediate)
+      q->bind(1, now).bind(2, build_id);
+    else
+      q->bind(1, build_id);
     if (Status s = q->run(); !s) return s.error();
     Result<Build> after = commit_transition(*impl_, db, *txn, build_id, now);
     if (!after) return after.error();
@@ -288,18 +293,21 @@ Result<RecoveryReport> Store::recover() {
     for (const Expired& e : expired) {
       const char* sql = nullptr;
       if (e.cancel_requested) {
-        sql = "UPDATE builds SET status = 'cancelled', outcome = 'cancelled', "
-              "finished_ms = ?1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = ?2";
+        sql =
+            "UPDATE builds SET status = 'cancelled', outcome = 'cancelled', "
+            "finished_ms = ?1, lease_owner = NULL, lease_expires_ms = NULL WHERE id = ?2";
         ++report.cancelled;
       } else if (e.attempt >= impl_->options.max_attempts) {
-        sql = "UPDATE builds SET status = 'error', outcome = 'infra_error', "
-              "finished_ms = ?1, lease_owner = NULL, lease_expires_ms = NULL, "
-              "error_message = 'lease expired on ' || attempt || ' attempts; giving up' "
-              "WHERE id = ?2";
+        sql =
+            "UPDATE builds SET status = 'error', outcome = 'infra_error', "
+            "finished_ms = ?1, lease_owner = NULL, lease_expires_ms = NULL, "
+            "error_message = 'lease expired on ' || attempt || ' attempts; giving up' "
+            "WHERE id = ?2";
         ++report.errored;
       } else {
-        sql = "UPDATE builds SET status = 'queued', queued_ms = ?1, lease_owner = NULL, "
-              "lease_expires_ms = NULL WHERE id = ?2";
+        sql =
+            "UPDATE builds SET status = 'queued', queued_ms = ?1, lease_owner = NULL, "
+            "lease_expires_ms = NULL WHERE id = ?2";
         ++report.requeued;
       }
       Result<Query> q = db.query(sql);

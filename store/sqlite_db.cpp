@@ -127,18 +127,16 @@ std::optional<int64_t> Query::opt_i64(int col) const {
 
 // ---- Db -------------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Db>> Db::open(const std::string& path, int busy_timeout_ms,
-                                     bool read_only) {
+Result<std::unique_ptr<Db>> Db::open(const std::string& path, int busy_timeout_ms, bool read_only) {
   sqlite3* handle = nullptr;
   // Readers open read-write (WAL readers may need to write the -shm index) but set query_only.
   int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_READWRITE | (read_only ? 0 : SQLITE_OPEN_CREATE);
   int rc = sqlite3_open_v2(path.c_str(), &handle, flags, nullptr);
   std::unique_ptr<Db> db(new Db(handle, path));
   if (rc != SQLITE_OK) {
-    return Error{error_code_for(rc),
-                 "cannot open database " + path + ": " +
-                     (handle ? sqlite3_errmsg(handle) : sqlite3_errstr(rc)),
-                 ""};
+    return Error{
+        error_code_for(rc),
+        "cannot open database " + path + ": " + (handle ? sqlite3_errmsg(handle) : sqlite3_errstr(rc)), ""};
   }
   sqlite3_extended_result_codes(handle, 1);
   sqlite3_busy_timeout(handle, busy_timeout_ms);
@@ -161,8 +159,8 @@ Result<Query> Db::query(std::string_view sql) {
   auto it = statements_.find(key);
   if (it == statements_.end()) {
     sqlite3_stmt* stmt = nullptr;
-    int rc = sqlite3_prepare_v3(handle_, key.data(), static_cast<int>(key.size()),
-                                SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+    int rc = sqlite3_prepare_v3(handle_, key.data(), static_cast<int>(key.size()), SQLITE_PREPARE_PERSISTENT,
+                                &stmt, nullptr);
     if (rc != SQLITE_OK) return error(rc, "prepare " + key.substr(0, 48));
     it = statements_.emplace(std::move(key), stmt).first;
   }
@@ -188,13 +186,18 @@ int64_t Db::changes() const { return sqlite3_changes64(handle_); }
 int64_t Db::last_insert_rowid() const { return sqlite3_last_insert_rowid(handle_); }
 bool Db::in_transaction() const { return sqlite3_get_autocommit(handle_) == 0; }
 
+void Db::rollback_if_open() {
+  // SQLite may already have rolled back on its own (e.g. after an IOERR).
+  if (in_transaction()) sqlite3_exec(handle_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
 Error Db::error(int rc, std::string_view what) const {
   // The connection's message describes the last real failure; an injected fault never ran.
   std::string detail = sqlite3_errcode(handle_) == rc ? sqlite3_errmsg(handle_) : sqlite3_errstr(rc);
   std::string hint;
   if (error_code_for(rc) == ErrorCode::busy) hint = " (another writer held the lock past the busy timeout)";
-  return Error{error_code_for(rc),
-               "sqlite on " + path_ + ": " + std::string(what) + ": " + detail + hint, ""};
+  return Error{error_code_for(rc), "sqlite on " + path_ + ": " + std::string(what) + ": " + detail + hint,
+               ""};
 }
 
 // ---- WriteTxn -------------------------------------------------------------------------------
@@ -205,9 +208,7 @@ Result<WriteTxn> WriteTxn::begin(Db& db) {
 }
 
 WriteTxn::~WriteTxn() {
-  // SQLite may already have rolled back on its own (e.g. after an IOERR); only roll back if a
-  // transaction is still open. Not fault-injected: rollback is the recovery path itself.
-  if (db_ && db_->in_transaction()) sqlite3_exec(db_->handle_, "ROLLBACK", nullptr, nullptr, nullptr);
+  if (db_) db_->rollback_if_open();
 }
 
 Status WriteTxn::commit() {

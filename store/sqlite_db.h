@@ -67,8 +67,7 @@ class Query {
 class Db {
  public:
   // Opens (creating when !read_only) `path` and applies the connection pragmas.
-  static Result<std::unique_ptr<Db>> open(const std::string& path, int busy_timeout_ms,
-                                          bool read_only);
+  static Result<std::unique_ptr<Db>> open(const std::string& path, int busy_timeout_ms, bool read_only);
   ~Db();
   Db(const Db&) = delete;
   Db& operator=(const Db&) = delete;
@@ -83,6 +82,9 @@ class Db {
   int64_t changes() const;
   int64_t last_insert_rowid() const;
   bool in_transaction() const;
+  // Ends an open transaction, if any, by rolling it back. Never fault-injected: it is the
+  // recovery path itself. Used by WriteTxn and before a reader goes back to the pool.
+  void rollback_if_open();
   const std::string& path() const { return path_; }
 
   // An Error for SQLite code `rc` while doing `what`, with SQLite's message and the file name.

@@ -66,6 +66,7 @@ int64_t Store::Impl::now_ms() const {
 Store::Impl::ReaderLease::~ReaderLease() {
   constexpr size_t kMaxIdleReaders = 8;
   if (!db_) return;
+  db_->rollback_if_open();  // never pool a connection stuck in an old snapshot
   std::lock_guard lock(impl_->readers_mu);
   if (impl_->idle_readers.size() < kMaxIdleReaders) impl_->idle_readers.push_back(std::move(db_));
 }
@@ -96,8 +97,7 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
     return Error{ErrorCode::invalid_argument, "max_attempts must be at least 1", "max_attempts"};
   }
   if (options.busy_timeout_ms < 0) {
-    return Error{ErrorCode::invalid_argument, "busy_timeout_ms must not be negative",
-                 "busy_timeout_ms"};
+    return Error{ErrorCode::invalid_argument, "busy_timeout_ms must not be negative", "busy_timeout_ms"};
   }
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -106,8 +106,7 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
     fs::create_directories(parent, ec);
     if (ec) {
       return Error{ErrorCode::io,
-                   "cannot create directory " + parent.string() + " for the database: " +
-                       ec.message(),
+                   "cannot create directory " + parent.string() + " for the database: " + ec.message(),
                    "path"};
     }
   }
@@ -118,7 +117,9 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
       detail::Db::open(impl->options.path, impl->options.busy_timeout_ms, /*read_only=*/false);
   if (!writer) return writer.error();
   impl->writer = std::move(*writer);
-  if (Status s = detail::migrate(*impl->writer); !s) return s.error();
+  if (Status s = Impl::retry_busy([&] { return detail::migrate(*impl->writer); }); !s) {
+    return s.error();
+  }
 
   fs::path canonical = fs::weakly_canonical(fs::absolute(impl->options.path, ec), ec);
   impl->canonical_path = ec ? impl->options.path : canonical.string();

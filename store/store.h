@@ -110,9 +110,9 @@ enum class OutcomeReason {
   step_limit,     // budgets ran out                                 (failed)
   token_limit,
   time_limit,
-  cancelled,      // a user cancelled                               (cancelled)
-  infra_error,    // kiln itself failed (clone, sandbox, lost lease) (error)
-  model_error,    // the model could not be loaded or ran out of memory (error)
+  cancelled,    // a user cancelled                               (cancelled)
+  infra_error,  // kiln itself failed (clone, sandbox, lost lease) (error)
+  model_error,  // the model could not be loaded or ran out of memory (error)
 };
 
 std::string_view to_string(BuildStatus status);
@@ -152,7 +152,7 @@ struct BuildSpec {
   std::optional<std::string> verify;  // shell command deciding success; nullopt = none
   std::string model;                  // required; must be in StoreOptions::allowed_models if set
   Limits limits;
-  int64_t priority = 0;               // higher is claimed first; then oldest first
+  int64_t priority = 0;  // higher is claimed first; then oldest first
 };
 
 // Counters of one build. Token and time fields accumulate over all attempts.
@@ -163,8 +163,8 @@ struct BuildMetrics {
   int64_t tokens_reasoning = 0;  // the part of tokens_generated inside <think>
   int64_t steps = 0;
   std::map<std::string, int64_t> tool_calls;  // by tool name
-  double seconds_queue = 0;  // written by the store at claim (time spent queued)
-  double seconds_setup = 0;  // clone, checkout, sandbox preparation
+  double seconds_queue = 0;                   // written by the store at claim (time spent queued)
+  double seconds_setup = 0;                   // clone, checkout, sandbox preparation
   double seconds_prefill = 0;
   double seconds_decode = 0;
   double seconds_tools = 0;
@@ -184,7 +184,7 @@ struct Build {
   std::optional<std::string> lease_owner;
   std::optional<int64_t> lease_expires_ms;
   bool cancel_requested = false;
-  int64_t created_ms = 0;  // milliseconds since the Unix epoch, as all *_ms here
+  int64_t created_ms = 0;              // milliseconds since the Unix epoch, as all *_ms here
   std::optional<int64_t> started_ms;   // latest claim
   std::optional<int64_t> finished_ms;  // set exactly when status is terminal
   std::optional<std::string> result_branch;
@@ -209,8 +209,8 @@ struct NewEvent {
 };
 
 struct ClaimRequest {
-  std::string owner;             // who holds the lease, e.g. "host:pid/worker-3"; required
-  int64_t lease_ms = 60'000;     // > 0
+  std::string owner;                // who holds the lease, e.g. "host:pid/worker-3"; required
+  int64_t lease_ms = 60'000;        // > 0
   std::vector<std::string> models;  // only builds for these models; empty = any model
 };
 
@@ -220,7 +220,7 @@ struct HeartbeatReply {
 };
 
 struct FinishRequest {
-  BuildStatus status = BuildStatus::succeeded;  // must be terminal
+  BuildStatus status = BuildStatus::succeeded;     // must be terminal
   OutcomeReason reason = OutcomeReason::verified;  // must agree with status (see OutcomeReason)
   std::optional<std::string> result_branch;
   std::optional<std::string> result_diff;
@@ -237,13 +237,13 @@ struct CancelReply {
 struct ListQuery {
   std::optional<BuildStatus> status;
   std::optional<std::string> model;
-  int limit = 50;                  // 1..1000
-  std::optional<int64_t> cursor;   // return builds with id < cursor (newest first)
+  int limit = 50;                 // 1..1000
+  std::optional<int64_t> cursor;  // return builds with id < cursor (newest first)
   bool include_diff = false;
 };
 
 struct ListPage {
-  std::vector<Build> builds;         // newest first
+  std::vector<Build> builds;           // newest first
   std::optional<int64_t> next_cursor;  // pass as cursor for the next page; nullopt = last page
 };
 
@@ -272,13 +272,13 @@ struct CompareQuery {
 
 struct ModelStats {
   std::string model;
-  int64_t builds = 0;     // finished builds, cancelled ones excluded
+  int64_t builds = 0;  // finished builds, cancelled ones excluded
   int64_t succeeded = 0;
-  double success_rate = 0;            // succeeded / builds (0 when no builds)
-  double median_wall_s = 0;           // over finished builds
-  double p90_wall_s = 0;              // nearest rank
+  double success_rate = 0;   // succeeded / builds (0 when no builds)
+  double median_wall_s = 0;  // over finished builds
+  double p90_wall_s = 0;     // nearest rank
   double median_tokens_generated = 0;
-  double decode_tokens_per_s = 0;     // sum tokens_generated / sum seconds_decode (0 if no decode time)
+  double decode_tokens_per_s = 0;  // sum tokens_generated / sum seconds_decode (0 if no decode time)
 };
 
 // Pairs use, per (task, model), the latest finished build; both succeeded/only A/only B/both failed
@@ -291,8 +291,8 @@ struct PairStats {
   int64_t only_a = 0;
   int64_t only_b = 0;
   int64_t both_failed = 0;
-  double mcnemar_p = 1.0;                    // exact two-sided, on only_a vs only_b
-  std::optional<double> median_wall_ratio;   // median over tasks of wall_a / wall_b
+  double mcnemar_p = 1.0;                   // exact two-sided, on only_a vs only_b
+  std::optional<double> median_wall_ratio;  // median over tasks of wall_a / wall_b
 };
 
 struct CompareReport {
@@ -345,8 +345,7 @@ class Store {
   // nullopt when none is eligible.
   Result<std::optional<Build>> claim(const ClaimRequest& request);
   // As claim(), but waits up to `timeout` for a submit (or requeue) when nothing is queued.
-  Result<std::optional<Build>> claim_wait(const ClaimRequest& request,
-                                          std::chrono::milliseconds timeout);
+  Result<std::optional<Build>> claim_wait(const ClaimRequest& request, std::chrono::milliseconds timeout);
   // The work epoch counts submits and requeues in this process; wait_for_work returns true as
   // soon as it differs from `seen` (false at timeout or after stop_waiting()).
   uint64_t work_epoch() const;

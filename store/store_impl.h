@@ -24,9 +24,9 @@ namespace kiln::store {
 struct Notifier {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t work_epoch = 0;                            // bumped on submit and requeue
-  std::unordered_map<int64_t, int64_t> latest_seq;    // build id -> last appended seq
-  std::deque<int64_t> finished;                       // terminal builds, oldest first, to prune latest_seq
+  uint64_t work_epoch = 0;                          // bumped on submit and requeue
+  std::unordered_map<int64_t, int64_t> latest_seq;  // build id -> last appended seq
+  std::deque<int64_t> finished;                     // terminal builds, oldest first, to prune latest_seq
 
   void on_work();
   void on_event(int64_t build_id, int64_t seq, bool terminal);
@@ -71,8 +71,21 @@ struct Store::Impl {
   template <class F>
   auto write(F&& fn) -> decltype(fn(*writer)) {
     std::lock_guard lock(writer_mu);
+    return retry_busy([&] { return fn(*writer); });
+  }
+  // Runs fn(reader) on a pooled reader connection, retrying busy errors the same way.
+  template <class F>
+  auto read(F&& fn) -> decltype(fn(*writer)) {
+    return retry_busy([&]() -> decltype(fn(*writer)) {
+      Result<ReaderLease> lease = reader();
+      if (!lease) return lease.error();
+      return fn(lease->db());
+    });
+  }
+  template <class F>
+  static auto retry_busy(F&& fn) -> decltype(fn()) {
     for (int tries = 1;; ++tries) {
-      auto result = fn(*writer);
+      auto result = fn();
       if (result.ok() || result.error().code != ErrorCode::busy || tries == kWriteTries) {
         return result;
       }
@@ -89,8 +102,8 @@ Build read_build(const Query& q);  // a row of build_select(), in its column ord
 Result<Build> load_build(Db& db, int64_t build_id, bool include_diff);
 
 // Inserts the build's next event (no fencing: callers check ownership). Returns the seq.
-Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms,
-                             std::string_view kind, std::string_view payload_json);
+Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms, std::string_view kind,
+                             std::string_view payload_json);
 // A `status` event describing `build` as it is now. Returns the seq.
 Result<int64_t> insert_status_event(Db& db, const Build& build, int64_t ts_ms);
 

@@ -9,11 +9,11 @@
 namespace kiln::store {
 namespace {
 
-constexpr std::array<std::string_view, 6> kStatusNames = {"queued",    "running", "succeeded",
-                                                          "failed",    "cancelled", "error"};
-constexpr std::array<std::string_view, 9> kReasonNames = {
-    "verified",   "verify_failed", "no_verify",   "step_limit", "token_limit",
-    "time_limit", "cancelled",     "infra_error", "model_error"};
+constexpr std::array<std::string_view, 6> kStatusNames = {"queued", "running",   "succeeded",
+                                                          "failed", "cancelled", "error"};
+constexpr std::array<std::string_view, 9> kReasonNames = {"verified",   "verify_failed", "no_verify",
+                                                          "step_limit", "token_limit",   "time_limit",
+                                                          "cancelled",  "infra_error",   "model_error"};
 
 template <class Enum, size_t N>
 std::optional<Enum> parse_enum(const std::array<std::string_view, N>& names, std::string_view text) {
@@ -29,13 +29,19 @@ nlohmann::json opt(const std::optional<T>& value) {
 }
 
 nlohmann::json metrics_json(const BuildMetrics& m) {
-  return {{"tokens_prefilled", m.tokens_prefilled}, {"tokens_cached", m.tokens_cached},
-          {"tokens_generated", m.tokens_generated}, {"tokens_reasoning", m.tokens_reasoning},
-          {"steps", m.steps},                       {"tool_calls", m.tool_calls},
+  return {{"tokens_prefilled", m.tokens_prefilled},
+          {"tokens_cached", m.tokens_cached},
+          {"tokens_generated", m.tokens_generated},
+          {"tokens_reasoning", m.tokens_reasoning},
+          {"steps", m.steps},
+          {"tool_calls", m.tool_calls},
           {"tool_calls_total", m.tool_calls_total()},
-          {"seconds_queue", m.seconds_queue},       {"seconds_setup", m.seconds_setup},
-          {"seconds_prefill", m.seconds_prefill},   {"seconds_decode", m.seconds_decode},
-          {"seconds_tools", m.seconds_tools},       {"seconds_verify", m.seconds_verify},
+          {"seconds_queue", m.seconds_queue},
+          {"seconds_setup", m.seconds_setup},
+          {"seconds_prefill", m.seconds_prefill},
+          {"seconds_decode", m.seconds_decode},
+          {"seconds_tools", m.seconds_tools},
+          {"seconds_verify", m.seconds_verify},
           {"seconds_wall", m.seconds_wall}};
 }
 
@@ -43,23 +49,30 @@ nlohmann::json metrics_json(const BuildMetrics& m) {
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::invalid_argument: return "invalid_argument";
-    case ErrorCode::not_found: return "not_found";
-    case ErrorCode::fenced: return "fenced";
-    case ErrorCode::conflict: return "conflict";
-    case ErrorCode::busy: return "busy";
-    case ErrorCode::io: return "io";
-    case ErrorCode::corrupt: return "corrupt";
-    case ErrorCode::schema_too_new: return "schema_too_new";
-    case ErrorCode::internal: return "internal";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::not_found:
+      return "not_found";
+    case ErrorCode::fenced:
+      return "fenced";
+    case ErrorCode::conflict:
+      return "conflict";
+    case ErrorCode::busy:
+      return "busy";
+    case ErrorCode::io:
+      return "io";
+    case ErrorCode::corrupt:
+      return "corrupt";
+    case ErrorCode::schema_too_new:
+      return "schema_too_new";
+    case ErrorCode::internal:
+      return "internal";
   }
   return "internal";
 }
 
 std::string_view to_string(BuildStatus status) { return kStatusNames[static_cast<size_t>(status)]; }
-std::string_view to_string(OutcomeReason reason) {
-  return kReasonNames[static_cast<size_t>(reason)];
-}
+std::string_view to_string(OutcomeReason reason) { return kReasonNames[static_cast<size_t>(reason)]; }
 std::optional<BuildStatus> parse_build_status(std::string_view text) {
   return parse_enum<BuildStatus>(kStatusNames, text);
 }
@@ -138,12 +151,9 @@ std::string to_json(const Event& e) {
 std::string to_json(const StoreStats& s) {
   nlohmann::json by_status = nlohmann::json::object();
   for (const auto& [status, count] : s.builds_by_status) by_status[std::string(to_string(status))] = count;
-  return nlohmann::json{{"builds_by_status", by_status},
-                        {"queue_depth", s.queue_depth},
-                        {"tokens_prefilled", s.tokens_prefilled},
-                        {"tokens_cached", s.tokens_cached},
-                        {"tokens_generated", s.tokens_generated},
-                        {"tokens_reasoning", s.tokens_reasoning}}
+  return nlohmann::json{{"builds_by_status", by_status},          {"queue_depth", s.queue_depth},
+                        {"tokens_prefilled", s.tokens_prefilled}, {"tokens_cached", s.tokens_cached},
+                        {"tokens_generated", s.tokens_generated}, {"tokens_reasoning", s.tokens_reasoning}}
       .dump();
 }
 

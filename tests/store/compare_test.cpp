@@ -10,8 +10,8 @@ using namespace kiln::store::testing;
 
 TEST(StoreCompare, McNemarExactMatchesHandComputedBinomialValues) {
   // p = min(1, 2 * sum_{i<=min(b,c)} C(b+c, i) / 2^(b+c)).
-  EXPECT_DOUBLE_EQ(mcnemar_exact_p(4, 3), 1.0);        // 2 * 64/128 = 1
-  EXPECT_DOUBLE_EQ(mcnemar_exact_p(0, 6), 0.03125);    // 2 * 1/64
+  EXPECT_DOUBLE_EQ(mcnemar_exact_p(4, 3), 1.0);      // 2 * 64/128 = 1
+  EXPECT_DOUBLE_EQ(mcnemar_exact_p(0, 6), 0.03125);  // 2 * 1/64
   EXPECT_DOUBLE_EQ(mcnemar_exact_p(6, 0), 0.03125);
   EXPECT_NEAR(mcnemar_exact_p(1, 9), 2.0 * 11 / 1024, 1e-12);   // 0.021484375
   EXPECT_NEAR(mcnemar_exact_p(2, 10), 2.0 * 79 / 4096, 1e-12);  // 0.03857421875

@@ -117,7 +117,9 @@ TEST(StoreCrash, EventsAcknowledgedBeforeSigkillSurviveAndTheBuildIsRequeued) {
 
   ManualClock later;
   later.ms->store(std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::system_clock::now().time_since_epoch()).count() + 60'000);
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count() +
+                  60'000);
   StoreOptions options;
   options.path = path;
   options.now_ms = later.fn();

@@ -33,8 +33,8 @@ TEST(StoreEvents, TransitionsAndAppendsShareOneGaplessSequence) {
     EXPECT_EQ((*events)[i].seq, static_cast<int64_t>(i + 1));
     kinds.push_back((*events)[i].kind);
   }
-  EXPECT_EQ(kinds, (std::vector<std::string>{"status", "status", "log", "model_text", "tool_call",
-                                             "status"}));
+  EXPECT_EQ(kinds,
+            (std::vector<std::string>{"status", "status", "log", "model_text", "tool_call", "status"}));
   EXPECT_NE((*events)[0].payload_json.find("\"queued\""), std::string::npos);
   EXPECT_NE((*events)[5].payload_json.find("\"succeeded\""), std::string::npos);
   EXPECT_EQ((*events)[2].attempt, 1);

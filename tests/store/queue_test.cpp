@@ -257,8 +257,8 @@ TEST(StoreQueue, ListFiltersByStatusAndModelAndPagesByCursor) {
   auto store = open_store(dir.file("kiln.db"));
   std::vector<int64_t> a_ids;
   for (int i = 0; i < 7; ++i) {
-    a_ids.push_back(store->submit(spec("t" + std::to_string(i), "qwen-a"))->id);
-    store->submit(spec("t", "qwen-b"));
+    a_ids.push_back(store->submit(spec("task " + std::to_string(i), "qwen-a"))->id);
+    ASSERT_OK(store->submit(spec("t", "qwen-b")));
   }
   ASSERT_OK(store->claim(claimer()));  // takes a_ids[0] (oldest)
   ListQuery q;
@@ -284,7 +284,7 @@ TEST(StoreQueue, ListFiltersByStatusAndModelAndPagesByCursor) {
 TEST(StoreQueue, StatsCountEveryStatusAndSumTokens) {
   TempDir dir;
   auto store = open_store(dir.file("kiln.db"));
-  for (int i = 0; i < 3; ++i) store->submit(spec());
+  for (int i = 0; i < 3; ++i) ASSERT_OK(store->submit(spec()));
   Build b = **store->claim(claimer());
   BuildMetrics d;
   d.tokens_generated = 40;

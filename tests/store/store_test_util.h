@@ -11,6 +11,13 @@
 
 #include "store/store.h"
 
+namespace kiln::store {
+// Readable names in GoogleTest failure messages.
+inline void PrintTo(BuildStatus s, std::ostream* os) { *os << to_string(s); }
+inline void PrintTo(OutcomeReason r, std::ostream* os) { *os << to_string(r); }
+inline void PrintTo(ErrorCode c, std::ostream* os) { *os << to_string(c); }
+}  // namespace kiln::store
+
 namespace kiln::store::testing {
 
 // A fresh directory under <build>/test-tmp, removed with everything in it at scope exit.
@@ -66,10 +73,10 @@ inline std::unique_ptr<Store> open_store(const std::string& path, const ManualCl
   return store ? std::move(*store) : nullptr;
 }
 
-#define ASSERT_OK(expr)                                                          \
-  do {                                                                           \
-    auto&& _r = (expr);                                                          \
-    ASSERT_TRUE(_r.ok()) << #expr << ": " << _r.error().message;                 \
+#define ASSERT_OK(expr)                                          \
+  do {                                                           \
+    auto&& _r = (expr);                                          \
+    ASSERT_TRUE(_r.ok()) << #expr << ": " << _r.error().message; \
   } while (0)
 
 inline ClaimRequest claimer(std::string owner = "worker-1", int64_t lease_ms = 60'000) {

@@ -39,8 +39,7 @@ TEST(StoreValidation, BadSpecsNameTheFieldAndWriteNothing) {
     EXPECT_FALSE(r.error().message.empty()) << c.name;
   }
   Result<Build> unknown = store->submit(spec("t", "gpt-17"));
-  EXPECT_NE(unknown.error().message.find("qwen-a, qwen-b"), std::string::npos)
-      << unknown.error().message;
+  EXPECT_NE(unknown.error().message.find("qwen-a, qwen-b"), std::string::npos) << unknown.error().message;
 
   Result<StoreStats> stats = store->stats();
   ASSERT_OK(stats);
