@@ -60,6 +60,7 @@ class Binder {
                         shape_str(shapes[0]));
     claimed_.insert(canon);
     n_params_ += t->numel();
+    n_bytes_ += int64_t(t->nbytes);
     return t;
   }
 
@@ -90,6 +91,7 @@ class Binder {
     return out;
   }
   int64_t n_params() const { return n_params_; }
+  int64_t n_bytes() const { return n_bytes_; }
 
  private:
   const Checkpoint& ck_;
@@ -98,6 +100,7 @@ class Binder {
   std::map<std::string, const TensorInfo*> by_canon_;
   std::set<std::string> claimed_;
   int64_t n_params_ = 0;
+  int64_t n_bytes_ = 0;
 };
 
 #define KILN_CHECK(expr)                           \
@@ -189,11 +192,16 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const Checkpoint& ck, co
   w.layers.resize(size_t(c.num_hidden_layers));
   for (int i = 0; i < c.num_hidden_layers; ++i) KILN_CHECK(bind_layer(b, c, i, w.layers[size_t(i)]));
   w.n_params = b.n_params();
-  int64_t inactive = 0;
-  if (c.is_moe)
+  int64_t inactive = 0, inactive_bytes = 0;
+  if (c.is_moe) {
     inactive = int64_t(c.num_hidden_layers) * (c.num_experts - c.num_experts_per_tok) * 3 * H *
                c.moe_intermediate_size;
+    const Matrix& down = w.layers[0].moe.experts[0].down_proj;
+    inactive_bytes = inactive * int64_t(dtype_size(down.dtype));
+  }
   w.n_params_active = w.n_params - inactive - (V - 1) * H;  // one embedding row is read per token
+  w.n_bytes = b.n_bytes();
+  w.n_bytes_active = w.n_bytes - inactive_bytes - (V - 1) * H * int64_t(dtype_size(w.embed_tokens.dtype));
   w.warnings = b.unclaimed();
   return w;
 }

@@ -54,6 +54,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   int64_t n_params = 0;         // text-model parameters bound (embedding and lm_head included)
   int64_t n_params_active = 0;  // per token: all but the unselected experts; one embedding row
+  int64_t n_bytes = 0;          // stored bytes of the bound tensors
+  int64_t n_bytes_active = 0;   // bytes read per token, counted like n_params_active
   std::vector<std::string> warnings;  // unclaimed tensors
 };
 

@@ -1,25 +1,339 @@
 // `kiln engine <verb>`: the engine's own tools (info, plan, logits, generate, make-tiny, bench).
+// Each verb parses into a small options struct (kept alive by the callback) and calls the engine
+// library; errors go to ctx.err with exit code 1 (usage errors: 2).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/make_tiny.h"
 #include "server/cli/commands.h"
 
 namespace kiln::cli {
+namespace {
+
+using namespace kiln::engine;
+
+bool parse_ids(const std::string& text, std::vector<int32_t>& out, std::string& bad) {
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      out.push_back(int32_t(v));
+    } catch (...) {
+      bad = item;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string layout_string(const ModelConfig& c) {
+  std::string s;
+  for (LayerType t : c.layer_types) s += t == LayerType::full_attention ? 'F' : 'L';
+  return s;
+}
+
+int fail(Context& ctx, const std::string& what, const std::string& msg) {
+  ctx.err << "kiln engine " << what << ": " << msg << "\n";
+  return ctx.exit_code = 1;
+}
+
+struct ModelArgs {
+  std::string model;
+  int threads = 0;
+  std::string cache_dtype = "f32";
+};
+
+void add_model_args(CLI::App* sub, ModelArgs& a) {
+  sub->add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
+  sub->add_option("--threads", a.threads, "Worker threads (0: all cores)");
+  sub->add_option("--cache-dtype", a.cache_dtype, "KV/conv cache dtype: f32 (exact) or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+Result<std::unique_ptr<Model>> load(const ModelArgs& a, int max_sessions = 2) {
+  EngineOptions o;
+  o.threads = a.threads;
+  o.max_sessions = max_sessions;
+  o.cache_dtype = a.cache_dtype == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
+  o.kv_budget_bytes = int64_t(4) << 30;
+  return Model::load(a.model, o);
+}
+
+void add_info(CLI::App& engine, Context& ctx) {
+  auto a = std::make_shared<ModelArgs>();
+  CLI::App* sub = engine.add_subcommand("info", "Describe a model directory");
+  add_model_args(sub, *a);
+  sub->callback([&ctx, a] {
+    auto m = load(*a);
+    if (!m) return void(fail(ctx, "info", m.error()));
+    const ModelConfig& c = (*m)->config();
+    const ModelWeights& w = (*m)->weights();
+    ctx.out << "model: " << a->model << "\narchitecture: " << c.model_type << (c.is_moe ? " (MoE)" : " (dense)")
+            << "\nlayers: " << c.num_hidden_layers << " (" << c.n_linear_layers() << " Gated DeltaNet + "
+            << c.n_full_layers() << " full attention): " << layout_string(c) << "\nhidden: " << c.hidden_size
+            << ", vocab: " << c.vocab_size << ", max positions: " << c.max_position_embeddings
+            << "\nattention: " << c.num_attention_heads << " q / " << c.num_key_value_heads << " kv heads of "
+            << c.head_dim << ", rotary dims " << c.rotary_dim << ", theta " << c.rope_theta
+            << "\ndelta net: " << c.linear_num_key_heads << " key heads of " << c.linear_key_head_dim << ", "
+            << c.linear_num_value_heads << " value heads of " << c.linear_value_head_dim << ", conv "
+            << c.linear_conv_kernel_dim << "\n";
+    if (c.is_moe)
+      ctx.out << "ffn: MoE, " << c.num_experts << " experts, top " << c.num_experts_per_tok << ", intermediate "
+              << c.moe_intermediate_size << ", shared expert " << c.shared_expert_intermediate_size << "\n";
+    else
+      ctx.out << "ffn: dense SwiGLU, intermediate " << c.intermediate_size << "\n";
+    ctx.out << "parameters: " << w.n_params << " (" << w.n_bytes << " bytes as stored)\n"
+            << "active per token: " << w.n_params_active << " parameters, " << w.n_bytes_active << " bytes\n"
+            << "embedding: " << dtype_name(w.embed_tokens.dtype) << ", lm_head: " << dtype_name(w.lm_head.dtype)
+            << "\n";
+    for (const auto& warn : w.warnings) ctx.out << "warning: " << warn << "\n";
+  });
+}
+
+void add_plan(CLI::App& engine, Context& ctx) {
+  struct Args {
+    std::string model, config, budget = "36GiB", dtype = "both";
+    int sessions = 16;
+    int64_t page_tokens = 16;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = engine.add_subcommand("plan", "Plan KV capacity for a memory budget");
+  auto* mo = sub->add_option("--model", a->model, "Model directory");
+  sub->add_option("--config", a->config, "A config.json file")->excludes(mo);
+  sub->add_option("--kv-budget", a->budget, "Bytes for KV and session state, e.g. 36GiB");
+  sub->add_option("--max-sessions", a->sessions, "Concurrent sessions");
+  sub->add_option("--kv-dtype", a->dtype, "bf16, f32 or both")->check(CLI::IsMember({"bf16", "f32", "both"}));
+  sub->add_option("--page-tokens", a->page_tokens, "Tokens per KV page");
+  sub->callback([&ctx, a] {
+    if (a->model.empty() == a->config.empty()) {
+      ctx.err << "kiln engine plan: give --model DIR or --config FILE\n";
+      return void(ctx.exit_code = 2);
+    }
+    auto c = load_model_config(a->config.empty() ? a->model + "/config.json" : a->config);
+    if (!c) return void(fail(ctx, "plan", c.error()));
+    const int64_t budget = parse_bytes(a->budget);
+    if (budget <= 0) return void(fail(ctx, "plan", "--kv-budget '" + a->budget + "' is not a byte size"));
+    if (a->sessions < 1 || a->page_tokens < 1) return void(fail(ctx, "plan", "--max-sessions and --page-tokens must be >= 1"));
+    ctx.out << "model: " << c->model_type << ", " << c->n_full_layers() << " full-attention + " << c->n_linear_layers()
+            << " Gated DeltaNet layers\n";
+    for (CacheDtype d : {CacheDtype::bf16, CacheDtype::f32}) {
+      if (a->dtype != "both" && a->dtype != cache_dtype_name(d)) continue;
+      ctx.out << "\n" << plan_capacity(*c, budget, a->sessions, d, a->page_tokens).to_text();
+    }
+  });
+}
+
+void print_logits_json(std::ostream& out, const std::vector<float>& all, int64_t V) {
+  out << "{\"logits\": [";
+  char buf[32];
+  for (size_t t = 0; t * size_t(V) < all.size(); ++t) {
+    out << (t ? ", [" : "[");
+    for (int64_t i = 0; i < V; ++i) {
+      std::snprintf(buf, sizeof buf, "%.9g", double(all[t * size_t(V) + size_t(i)]));
+      out << (i ? ", " : "") << buf;
+    }
+    out << "]";
+  }
+  out << "]}\n";
+}
+
+void add_logits(CLI::App& engine, Context& ctx) {
+  struct Args : ModelArgs {
+    std::string tokens, mode = "prefill";
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = engine.add_subcommand("logits", "Print the logits of a token sequence as JSON");
+  add_model_args(sub, *a);
+  sub->add_option("--tokens", a->tokens, "Comma-separated token ids")->required();
+  sub->add_option("--mode", a->mode, "prefill, decode, or split:N (prefill N, then decode)");
+  sub->callback([&ctx, a] {
+    std::vector<int32_t> ids;
+    std::string bad;
+    if (!parse_ids(a->tokens, ids, bad) || ids.empty())
+      return void(fail(ctx, "logits", "--tokens: '" + bad + "' is not a token id"));
+    int64_t split = -1;
+    if (a->mode == "prefill") split = int64_t(ids.size());
+    else if (a->mode == "decode") split = 0;
+    else if (a->mode.rfind("split:", 0) == 0) {
+      try {
+        split = std::stol(a->mode.substr(6));
+      } catch (...) {
+      }
+    }
+    if (split < 0 || split > int64_t(ids.size()))
+      return void(fail(ctx, "logits", "--mode '" + a->mode + "' must be prefill, decode or split:N with N <= tokens"));
+    auto m = load(*a);
+    if (!m) return void(fail(ctx, "logits", m.error()));
+    auto s = (*m)->open_session();
+    if (!s) return void(fail(ctx, "logits", s.error()));
+    std::vector<float> all;
+    if (split > 0) {
+      auto l = (*s)->append(std::span<const int32_t>(ids.data(), size_t(split)), true);
+      if (!l) return void(fail(ctx, "logits", l.error()));
+      all = std::move(l).value();
+    }
+    for (size_t i = size_t(split); i < ids.size(); ++i) {
+      auto l = (*s)->append(std::span<const int32_t>(&ids[i], 1));
+      if (!l) return void(fail(ctx, "logits", l.error()));
+      all.insert(all.end(), l->begin(), l->end());
+    }
+    print_logits_json(ctx.out, all, (*m)->config().vocab_size);
+  });
+}
+
+void add_sampling_args(CLI::App* sub, GenerateOptions& g) {
+  sub->add_option("--max-tokens", g.max_tokens, "Token budget");
+  sub->add_option("--temperature", g.sampling.temperature, "0: greedy");
+  sub->add_option("--top-k", g.sampling.top_k, "0: off");
+  sub->add_option("--top-p", g.sampling.top_p, "1: off");
+  sub->add_option("--min-p", g.sampling.min_p, "0: off");
+  sub->add_option("--presence-penalty", g.sampling.presence_penalty, "Subtracted from generated tokens' logits");
+  sub->add_option("--seed", g.sampling.seed, "Sampling seed");
+}
+
+void add_generate(CLI::App& engine, Context& ctx) {
+  struct Args : ModelArgs {
+    std::string tokens, prompt, stop;
+    GenerateOptions gen;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = engine.add_subcommand("generate", "Generate tokens from a prompt, streaming them");
+  add_model_args(sub, *a);
+  auto* t = sub->add_option("--tokens", a->tokens, "Comma-separated prompt token ids");
+  sub->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer.json)")->excludes(t);
+  sub->add_option("--stop", a->stop, "Comma-separated stop ids (default: the config's eos ids)");
+  add_sampling_args(sub, a->gen);
+  sub->callback([&ctx, a] {
+    std::vector<int32_t> ids;
+    std::string bad;
+    if (!a->prompt.empty())
+      return void(fail(ctx, "generate", "--prompt needs the tokenizer, which this build does not have yet; use --tokens"));
+    if (!parse_ids(a->tokens, ids, bad) || ids.empty())
+      return void(fail(ctx, "generate", "--tokens: give comma-separated prompt ids ('" + bad + "')"));
+    auto m = load(*a);
+    if (!m) return void(fail(ctx, "generate", m.error()));
+    GenerateOptions g = a->gen;
+    if (!a->stop.empty() && !parse_ids(a->stop, g.stop, bad))
+      return void(fail(ctx, "generate", "--stop: '" + bad + "' is not a token id"));
+    if (a->stop.empty())
+      for (int64_t e : (*m)->config().eos_token_ids) g.stop.push_back(int32_t(e));
+    auto s = (*m)->open_session();
+    if (!s) return void(fail(ctx, "generate", s.error()));
+    auto p = (*s)->append(ids);
+    if (!p) return void(fail(ctx, "generate", p.error()));
+    auto r = (*s)->generate(g, [&](int32_t tok) {
+      ctx.out << tok << "\n" << std::flush;  // stream: one id per line as it is sampled
+      return true;
+    });
+    if (!r) return void(fail(ctx, "generate", r.error()));
+    ctx.err << "generated " << r->tokens.size() << " tokens, stopped by "
+            << (r->reason == GenerateResult::Reason::stop_token ? "a stop token" : "the token budget") << "\n";
+  });
+}
+
+void add_make_tiny(CLI::App& engine, Context& ctx) {
+  struct Args {
+    std::string out, arch = "moe", dtype = "bf16";
+    TinyModelOptions o;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = engine.add_subcommand("make-tiny", "Write a random-weight model directory in the released layout");
+  TinyModelOptions& o = a->o;
+  sub->add_option("--out", a->out, "Output directory")->required();
+  sub->add_option("--arch", a->arch, "moe or dense")->check(CLI::IsMember({"moe", "dense"}));
+  sub->add_option("--dtype", a->dtype, "bf16 or f32")->check(CLI::IsMember({"bf16", "f32"}));
+  sub->add_option("--seed", o.seed, "Weight seed");
+  sub->add_option("--layers", o.layers, "Layers");
+  sub->add_option("--full-attention-interval", o.full_attention_interval, "Every Nth layer is full attention");
+  sub->add_option("--hidden", o.hidden, "Hidden size");
+  sub->add_option("--heads", o.heads, "Attention query heads");
+  sub->add_option("--kv-heads", o.kv_heads, "Attention KV heads");
+  sub->add_option("--head-dim", o.head_dim, "Attention head dim");
+  sub->add_option("--linear-key-heads", o.linear_key_heads, "Gated DeltaNet key heads");
+  sub->add_option("--linear-value-heads", o.linear_value_heads, "Gated DeltaNet value heads");
+  sub->add_option("--linear-key-head-dim", o.linear_key_head_dim, "Gated DeltaNet key head dim");
+  sub->add_option("--linear-value-head-dim", o.linear_value_head_dim, "Gated DeltaNet value head dim");
+  sub->add_option("--experts", o.experts, "Experts (MoE)");
+  sub->add_option("--top-k", o.top_k, "Experts per token (MoE)");
+  sub->add_option("--moe-intermediate", o.moe_intermediate, "Expert intermediate size");
+  sub->add_option("--shared-intermediate", o.shared_expert_intermediate, "Shared expert intermediate size (0: none)");
+  sub->add_option("--intermediate", o.intermediate, "Dense MLP intermediate size");
+  sub->add_option("--vocab", o.vocab, "Vocabulary size");
+  sub->add_option("--shards", o.shards, "Safetensors shards (>1 writes an index)");
+  sub->add_flag("--per-expert", o.per_expert, "Per-expert tensors instead of packed");
+  sub->callback([&ctx, a] {
+    TinyModelOptions o = a->o;
+    o.moe = a->arch == "moe";
+    o.dtype = a->dtype == "f32" ? Dtype::f32 : Dtype::bf16;
+    Status s = make_tiny_model(a->out, o);
+    if (!s) return void(fail(ctx, "make-tiny", s.error()));
+    ctx.out << "wrote " << a->out << "\n";
+  });
+}
+
+void add_bench(CLI::App& engine, Context& ctx) {
+  struct Args : ModelArgs {
+    int prompt_tokens = 512, gen_tokens = 128, runs = 3;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = engine.add_subcommand("bench", "Measure prefill and decode speed");
+  add_model_args(sub, *a);
+  sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length");
+  sub->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per run");
+  sub->add_option("--runs", a->runs, "Runs (the median is reported)");
+  sub->callback([&ctx, a] {
+    auto m = load(*a);
+    if (!m) return void(fail(ctx, "bench", m.error()));
+    const int64_t V = (*m)->config().vocab_size;
+    std::vector<int32_t> prompt(size_t(std::max(1, a->prompt_tokens)));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(V));
+    std::vector<double> pre, dec;
+    using clock = std::chrono::steady_clock;
+    for (int r = 0; r < std::max(1, a->runs); ++r) {
+      auto s = (*m)->open_session();
+      if (!s) return void(fail(ctx, "bench", s.error()));
+      auto t0 = clock::now();
+      auto p = (*s)->append(prompt);
+      if (!p) return void(fail(ctx, "bench", p.error()));
+      auto t1 = clock::now();
+      GenerateOptions g;
+      g.max_tokens = a->gen_tokens;
+      auto gr = (*s)->generate(g);
+      if (!gr) return void(fail(ctx, "bench", gr.error()));
+      auto t2 = clock::now();
+      pre.push_back(double(prompt.size()) / std::chrono::duration<double>(t1 - t0).count());
+      dec.push_back(double(gr->tokens.size()) / std::chrono::duration<double>(t2 - t1).count());
+    }
+    std::sort(pre.begin(), pre.end());
+    std::sort(dec.begin(), dec.end());
+    ctx.out << "threads " << (a->threads ? a->threads : int(std::thread::hardware_concurrency())) << ", prompt "
+            << prompt.size() << " tokens, " << a->gen_tokens << " decoded, median of " << pre.size() << " runs\n"
+            << "prefill tok/s: " << pre[pre.size() / 2] << "\ndecode tok/s: " << dec[dec.size() / 2]
+            << "\nweights bytes per decoded token: " << (*m)->weights().n_bytes_active << "\n";
+  });
+}
+
+}  // namespace
 
 void add_engine_commands(CLI::App& engine, Context& ctx) {
-  static const char* const verbs[][2] = {
-      {"info", "Describe a model directory"},
-      {"plan", "Plan KV capacity for a memory budget"},
-      {"logits", "Print the logits of a token sequence as JSON"},
-      {"generate", "Generate tokens from a prompt"},
-      {"make-tiny", "Write a random-weight model directory in the released layout"},
-      {"bench", "Measure prefill and decode speed"},
-  };
-  for (const auto& verb : verbs) {
-    CLI::App* sub = engine.add_subcommand(verb[0], verb[1]);
-    sub->allow_extras();
-    const char* name = verb[0];
-    sub->callback([&ctx, name] { not_implemented(ctx, (std::string("engine ") + name).c_str()); });
-  }
+  add_info(engine, ctx);
+  add_plan(engine, ctx);
+  add_logits(engine, ctx);
+  add_generate(engine, ctx);
+  add_make_tiny(engine, ctx);
+  add_bench(engine, ctx);
 }
 
 }  // namespace kiln::cli
