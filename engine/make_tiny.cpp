@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/tokenizer/tiny_tokenizer.h"
+
 namespace kiln::engine {
 namespace {
 
@@ -160,7 +162,7 @@ Status write_shard(const fs::path& path, const std::vector<const Spec*>& specs, 
   return {};
 }
 
-json config_json(const TinyModelOptions& o) {
+json config_json(const TinyModelOptions& o, const json& eos) {
   json layer_types = json::array();
   for (int i = 0; i < o.layers; ++i)
     layer_types.push_back((i + 1) % o.full_attention_interval == 0 ? "full_attention" : "linear_attention");
@@ -181,7 +183,7 @@ json config_json(const TinyModelOptions& o) {
       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", o.rope_theta},
                            {"partial_rotary_factor", o.partial_rotary_factor},
                            {"mrope_section", {sec_t, sec_h, sec_w}}, {"mrope_interleaved", true}}},
-      {"bos_token_id", nullptr}, {"eos_token_id", o.vocab - 1}, {"pad_token_id", nullptr},
+      {"bos_token_id", nullptr}, {"eos_token_id", eos}, {"pad_token_id", nullptr},
       {"mtp_num_hidden_layers", 0}};
   if (o.moe) {
     t["num_experts"] = o.experts;
@@ -209,9 +211,19 @@ Status make_tiny_model(const std::string& dir, const TinyModelOptions& o) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(dir + ": cannot create directory: " + ec.message());
+  // With a tokenizer, eos ids are its <|im_end|> and <|endoftext|> (as generation_config lists
+  // them for the real models); without one, the last id stands in.
+  json eos = o.vocab - 1;
+  fs::remove(fs::path(dir) / "tokenizer.json", ec);
+  fs::remove(fs::path(dir) / "tokenizer_config.json", ec);
+  if (o.tokenizer && size_t(o.vocab) >= kTinyTokenizerMinVocab && size_t(o.vocab) <= kTinyTokenizerMaxVocab) {
+    TinyTokenizerInfo info = write_tiny_tokenizer(dir, size_t(o.vocab));
+    if (!info.ok()) return make_error("make-tiny: " + info.error);
+    eos = json::array({info.im_end, info.endoftext});
+  }
   {
     std::ofstream cfg(fs::path(dir) / "config.json");
-    cfg << config_json(o).dump(2) << "\n";
+    cfg << config_json(o, eos).dump(2) << "\n";
     if (!cfg) return make_error(dir + "/config.json: write failed");
   }
   std::vector<Spec> specs = tensor_list(o);

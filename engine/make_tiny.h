@@ -28,12 +28,14 @@ struct TinyModelOptions {
   int experts = 8, top_k = 2;
   int64_t moe_intermediate = 32, shared_expert_intermediate = 32;
   int64_t intermediate = 128;  // dense MLP
-  int64_t vocab = 256;
+  int64_t vocab = 512;
   int64_t max_position_embeddings = 4096;
   Dtype dtype = Dtype::bf16;  // bf16 or f32 (A_log is always f32, as released)
   bool per_expert = false;    // experts.{e}.{gate,up,down}_proj.weight instead of packed tensors
   int shards = 1;             // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json
-  bool tokenizer = true;      // also write a matching tokenizer.json when the tokenizer library can
+  // Also write tokenizer.json + tokenizer_config.json (engine/tokenizer/tiny_tokenizer.h) when
+  // vocab is within its range (512..32768), and take the config's eos ids from it.
+  bool tokenizer = true;
 };
 
 // Writes (creating `dir` if needed) config.json and the safetensors files.

@@ -5,7 +5,7 @@
 // dk/dv, C = conv channels, E = experts. Activations are row-major f32 [T][...].
 //
 // Every op has a plain scalar `_ref` twin (engine/cpu/ops_ref.cpp: obviously correct, never
-// optimised) and the fast path the model calls (engine/cpu/*.cpp). tests/engine/ops_test.cpp
+// optimised) and the fast path the model calls (engine/cpu/ops_fast.cpp, delta_rule.cpp). tests/engine/ops_test.cpp
 // compares each pair. Ops with a ThreadPool* may use it (nullptr = single thread).
 #pragma once
 

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/make_tiny.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "server/cli/commands.h"
 
 namespace kiln::cli {
@@ -218,15 +219,21 @@ void add_generate(CLI::App& engine, Context& ctx) {
   sub->callback([&ctx, a] {
     std::vector<int32_t> ids;
     std::string bad;
-    if (!a->prompt.empty())
-      return void(fail(ctx, "generate", "--prompt needs the tokenizer, which this build does not have yet; use --tokens"));
-    if (!parse_ids(a->tokens, ids, bad) || ids.empty())
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!a->prompt.empty()) {  // text in, text out
+      TokenizerLoad t = Tokenizer::load_model_dir(a->model);
+      if (!t.ok()) return void(fail(ctx, "generate", "--prompt needs the model's tokenizer: " + t.error));
+      tokenizer = std::move(t.tokenizer);
+      ids = tokenizer->encode(a->prompt);
+    } else if (!parse_ids(a->tokens, ids, bad) || ids.empty()) {
       return void(fail(ctx, "generate", "--tokens: give comma-separated prompt ids ('" + bad + "')"));
+    }
     auto m = load(*a);
     if (!m) return void(fail(ctx, "generate", m.error()));
     GenerateOptions g = a->gen;
     if (!a->stop.empty() && !parse_ids(a->stop, g.stop, bad))
       return void(fail(ctx, "generate", "--stop: '" + bad + "' is not a token id"));
+    if (tokenizer) g.sampling.vocab_limit = int64_t(tokenizer->vocab_size());  // never sample padding rows
     if (a->stop.empty())
       for (int64_t e : (*m)->config().eos_token_ids) g.stop.push_back(int32_t(e));
     auto s = (*m)->open_session();
@@ -234,9 +241,12 @@ void add_generate(CLI::App& engine, Context& ctx) {
     auto p = (*s)->append(ids);
     if (!p) return void(fail(ctx, "generate", p.error()));
     auto r = (*s)->generate(g, [&](int32_t tok) {
-      ctx.out << tok << "\n" << std::flush;  // stream: one id per line as it is sampled
+      // Stream as sampled: the token's bytes with --prompt, else one id per line.
+      if (tokenizer) ctx.out << tokenizer->token_bytes(tok) << std::flush;
+      else ctx.out << tok << "\n" << std::flush;
       return true;
     });
+    if (tokenizer) ctx.out << "\n";
     if (!r) return void(fail(ctx, "generate", r.error()));
     ctx.err << "generated " << r->tokens.size() << " tokens, stopped by "
             << (r->reason == GenerateResult::Reason::stop_token ? "a stop token" : "the token budget") << "\n";

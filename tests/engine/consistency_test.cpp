@@ -2,6 +2,7 @@
 // split, across the chunk boundary, on make-tiny models of several shapes; rewind then re-append
 // gives bit-identical logits; determinism of generate.
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -152,7 +153,23 @@ TEST(Session, AppendingToALongSessionOnlyComputesTheNewTokens) {
   ASSERT_TRUE((*s)->append(std::span<const int32_t>(toks.data(), 140)).ok());
   auto tail = (*s)->append(std::span<const int32_t>(toks.data() + 140, 10), true);
   ASSERT_TRUE(tail.ok());
-  for (int t = 0; t < 10; ++t) EXPECT_LE(rel_l2(&(*tail)[size_t(t * 256)], &whole[size_t((140 + t) * 256)], 256), 1e-5);
+  const int64_t V = (*model)->config().vocab_size;
+  for (int t = 0; t < 10; ++t) EXPECT_LE(rel_l2(&(*tail)[size_t(t * V)], &whole[size_t((140 + t) * V)], V), 1e-5);
+}
+
+TEST(Session, SessionsOnSeparateThreadsMatchSequentialRuns) {
+  auto model = Model::load(make_model(TinyModelOptions{}));
+  ASSERT_TRUE(model.ok()) << model.error();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> expected, got(4);
+  for (uint64_t i = 0; i < 4; ++i) {
+    prompts.push_back(random_tokens(90, 256, 100 + i));
+    expected.push_back(run(**model, prompts.back(), 70));  // prefill 70, decode 20
+  }
+  std::vector<std::thread> threads;  // one session per thread, all sharing the model
+  for (size_t i = 0; i < 4; ++i) threads.emplace_back([&, i] { got[i] = run(**model, prompts[i], 70); });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i], expected[i]) << "session " << i;
 }
 
 TEST(Generate, SameSeedSameTokensAndStopsOnStopToken) {
