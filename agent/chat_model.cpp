@@ -27,6 +27,16 @@ Message tool_message(std::string content, std::string tool_call_id, std::string 
   return m;
 }
 
+bool same_for_model(const Message& a, const Message& b) {
+  if (a.role != b.role || a.content != b.content || a.reasoning != b.reasoning || a.name != b.name ||
+      a.tool_calls.size() != b.tool_calls.size())
+    return false;
+  for (size_t i = 0; i < a.tool_calls.size(); ++i)
+    if (a.tool_calls[i].name != b.tool_calls[i].name || a.tool_calls[i].arguments != b.tool_calls[i].arguments)
+      return false;
+  return true;
+}
+
 Json message_to_json(const Message& m) {
   Json j = {{"role", role_name(m.role)}, {"content", m.content}};
   if (!m.reasoning.empty()) j["reasoning"] = m.reasoning;

@@ -49,6 +49,9 @@ struct Message {
 };
 
 Json message_to_json(const Message& message);
+// Equal as a model sees them: ignores the call ids the loop assigns (the template does not
+// render them), so a model can recognise the turns it already holds.
+bool same_for_model(const Message& a, const Message& b);
 Message make_message(Role role, std::string content);
 Message tool_message(std::string content, std::string tool_call_id, std::string name);
 

@@ -39,7 +39,7 @@ std::vector<engine::Json> tool_objects(const std::vector<ToolSchema>& tools) {
 bool is_prefix(const std::vector<Message>& prefix, const std::vector<Message>& of) {
   if (prefix.size() > of.size()) return false;
   for (size_t i = 0; i < prefix.size(); ++i)
-    if (!(prefix[i] == of[i])) return false;
+    if (!same_for_model(prefix[i], of[i])) return false;
   return true;
 }
 

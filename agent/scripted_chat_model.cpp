@@ -73,7 +73,7 @@ ModelTurn ScriptedChatModel::next_turn(const TurnRequest& request, const DeltaSi
   auto clock = std::chrono::steady_clock::now();
   size_t common = 0;
   while (common < held_.size() && common < request.conversation.size() &&
-         held_[common] == request.conversation[common])
+         same_for_model(held_[common], request.conversation[common]))
     ++common;
   int64_t reused = schema_tokens(request.tools);
   for (size_t i = 0; i < common; ++i) reused += message_tokens(request.conversation[i]);

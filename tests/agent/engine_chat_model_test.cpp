@@ -75,6 +75,8 @@ TEST(EngineChatModel, thirty_turns_prefill_each_token_once) {
     all_turn_contexts += t.usage.context_tokens;
     EXPECT_EQ(t.usage.context_tokens, model.session().size());
     conv.push_back(t.message);
+    for (size_t i = 0; i < conv.back().tool_calls.size(); ++i)  // as the loop does
+      conv.back().tool_calls[i].id = "call_" + std::to_string(turn) + "_" + std::to_string(i);
     conv.push_back(tool_message("[exit code 1]\nFAIL: test_median_even (turn " + std::to_string(turn) + ")",
                                 "call_" + std::to_string(turn), "bash"));
   }

@@ -51,3 +51,31 @@ std::string make_example_repo(const std::string& name, const std::filesystem::pa
 }
 
 }  // namespace kiln::agent::testing
+
+namespace kiln::agent::testing {
+
+Workspace::Workspace(const std::string& example) {
+  source = dir.path() / "source";
+  workspace = dir.path() / "workspaces" / "ws";
+  std::string made = make_example_repo(example, source);
+  EXPECT_EQ(made, "");
+  auto clone = tools::git_clone_workspace(source.string(), "", workspace, "1");
+  EXPECT_TRUE(clone.ok()) << clone.error;
+  context.workspace = workspace;
+  context.policy.workspace = workspace;
+  context.max_command_timeout = std::chrono::milliseconds(60'000);
+  std::string prepared = sandbox::prepare_workspace(context.policy);
+  EXPECT_EQ(prepared, "");
+  executor = std::make_unique<RegistryToolExecutor>(registry, context);
+}
+
+ToolCall fix_median_call() {
+  return call("str_replace", Json{{"path", "stats.py"},
+                                  {"old_str", "    return ordered[middle]\n"},
+                                  {"new_str",
+                                   "    if len(ordered) % 2 == 0:\n"
+                                   "        return (ordered[middle - 1] + ordered[middle]) / 2\n"
+                                   "    return ordered[middle]\n"}});
+}
+
+}  // namespace kiln::agent::testing

@@ -37,3 +37,33 @@ int shell(const std::string& command);
 std::string read_file(const std::filesystem::path& path);
 
 }  // namespace kiln::agent::testing
+
+#include "agent/scripted_chat_model.h"
+#include "agent/tools_adapter.h"
+#include "tools/tools.h"
+
+namespace kiln::agent::testing {
+
+// A cloned example repository in a temp dir with the real tools pointed at it.
+struct Workspace {
+  TempDir dir;
+  std::filesystem::path source;     // the example as a git repository
+  std::filesystem::path workspace;  // the clone the tools work in
+  tools::ToolRegistry registry = tools::default_registry();
+  tools::Context context;
+  std::unique_ptr<RegistryToolExecutor> executor;
+  explicit Workspace(const std::string& example);
+};
+
+inline ToolCall call(std::string name, Json arguments) { return {"", std::move(name), std::move(arguments)}; }
+inline ScriptedTurn turn_with(ToolCall c, std::string reasoning = "") {
+  ScriptedTurn t;
+  t.reasoning = std::move(reasoning);
+  t.calls.push_back(std::move(c));
+  return t;
+}
+
+// The fix for examples/repos/stats-py, as the tool calls a model would make.
+ToolCall fix_median_call();
+
+}  // namespace kiln::agent::testing

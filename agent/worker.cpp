@@ -1,0 +1,264 @@
+#include "agent/worker.h"
+
+#include <iostream>
+#include <optional>
+#include <system_error>
+
+#include "agent/lease.h"
+#include "agent/loop.h"
+#include "agent/store_events.h"
+#include "agent/tools_adapter.h"
+#include "tools/tools.h"
+
+namespace kiln::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using store::BuildStatus;
+using store::OutcomeReason;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Outcome {
+  BuildStatus status;
+  OutcomeReason reason;
+  std::string message;
+};
+
+// Budgets of this build: the worker's defaults, overridden by the build's own where set.
+Limits build_limits(const Limits& defaults, const store::Limits& own) {
+  Limits l = defaults;
+  if (own.max_steps > 0) l.max_steps = static_cast<int>(own.max_steps);
+  if (own.max_tokens > 0) l.max_generated_tokens = own.max_tokens;
+  if (own.max_wall_s > 0) l.max_wall_s = static_cast<double>(own.max_wall_s);
+  return l;
+}
+
+std::string cap(std::string text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t half = max_bytes / 2;
+  return text.substr(0, half) + "\n[... " + std::to_string(text.size() - 2 * half) + " bytes cut ...]\n" +
+         text.substr(text.size() - half);
+}
+
+// One attempt at one build. Owned by the worker thread that claimed it.
+class BuildRun {
+ public:
+  BuildRun(store::Store& store, const store::Build& build, const WorkerOptions& options, const ModelProvider& models,
+           StopSignal& stop)
+      : store_(store), build_(build), options_(options), models_(models), stop_(stop),
+        events_(store, build.id, build.attempt),
+        workspace_(options.workspace_root / ("build-" + std::to_string(build.id))),
+        branch_("kiln/" + std::to_string(build.id)), policy_(options.sandbox) {}
+
+  BuildReport run() {
+    LeaseKeeper lease(store_, build_.id, build_.attempt, options_.lease_ms, options_.heartbeat_interval, stop_);
+    status("setup", {{"attempt", build_.attempt}, {"repo", build_.spec.repo}, {"ref", build_.spec.ref}});
+    std::string resume_note;
+    if (auto error = set_up_workspace(resume_note)) return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
+    auto model = models_(build_.spec.model, build_.id);
+    if (!model) return finish({BuildStatus::error, OutcomeReason::model_error, "model `" + build_.spec.model + "`: " + model.error()});
+    metrics_.seconds_setup = seconds_since(started_);
+
+    AgentResult agent = run_agent_phase(**model, resume_note);
+    if (agent.reason == StopReason::lease_lost || agent.reason == StopReason::shutdown)
+      return abandoned(std::string(stop_reason_name(agent.reason)) + ": " + agent.message);
+    std::string commit = commit_changes();  // before verify: the commit is what the agent left
+    Outcome outcome = decide(agent);
+    if (stop_.cause() == StopCause::lease_lost || stop_.cause() == StopCause::shutdown)
+      return abandoned("stopped during verify: " + std::string(stop_cause_name(stop_.cause())));
+    BuildReport report = finish(outcome);
+    report.commit = commit;
+    return report;
+  }
+
+  BuildReport fail_internal(const std::string& what) {
+    emit("error", {{"message", "internal error: " + what}});
+    return finish({BuildStatus::error, OutcomeReason::infra_error, "internal error: " + what});
+  }
+
+ private:
+  // Fresh clone, or the previous attempt's workspace on resume. Returns an error message.
+  std::optional<std::string> set_up_workspace(std::string& resume_note) {
+    bool resumed = build_.attempt > 1 && try_resume(resume_note);
+    if (!resumed) {
+      std::error_code ec;
+      fs::remove_all(workspace_, ec);
+      fs::create_directories(options_.workspace_root, ec);
+      auto clone = tools::git_clone_workspace(build_.spec.repo, build_.spec.ref, workspace_, std::to_string(build_.id));
+      if (!clone.ok()) return "clone of " + build_.spec.repo + " failed: " + clone.error;
+      base_commit_ = clone.value.base_commit;
+      emit("log", {{"phase", "setup"}, {"message", "cloned"}, {"base_commit", base_commit_}, {"branch", clone.value.branch}});
+    }
+    policy_.workspace = workspace_;
+    if (auto error = sandbox::prepare_workspace(policy_); !error.empty()) return "sandbox workspace: " + error;
+    return std::nullopt;
+  }
+
+  // A re-claimed build: continue from the earlier attempt's workspace if it is still there.
+  bool try_resume(std::string& note) {
+    std::string previous = std::to_string(build_.attempt - 1);
+    auto branch = fs::exists(workspace_ / ".git") ? tools::git_current_branch(workspace_) : tools::GitOutcome<std::string>{{}, "no workspace"};
+    if (!branch.ok() || branch.value != branch_) {
+      emit("log", {{"phase", "resume"}, {"from", "scratch"}, {"attempt", build_.attempt},
+                   {"message", "attempt " + previous + " was interrupted and left no workspace; restarting from scratch"}});
+      note = "attempt " + std::to_string(build_.attempt) + ": an earlier attempt was interrupted and its work is lost; "
+             "you start from a fresh checkout";
+      return false;
+    }
+    auto changes = tools::git_status(workspace_);
+    size_t changed = changes.ok() ? changes.value.size() : 0;
+    emit("log", {{"phase", "resume"}, {"from", "workspace"}, {"attempt", build_.attempt}, {"changed_files", changed},
+                 {"message", "attempt " + previous + " was interrupted; restarting from its workspace"}});
+    note = "attempt " + std::to_string(build_.attempt) + ": an earlier attempt was interrupted; the workspace keeps its "
+           "changes (" + std::to_string(changed) + " files changed). Check them before going on";
+    return true;
+  }
+
+  AgentResult run_agent_phase(ChatModel& model, const std::string& resume_note) {
+    status("agent", {{"model", build_.spec.model}});
+    tools::Context context;
+    context.workspace = workspace_;
+    context.policy = policy_;
+    context.max_command_timeout = options_.max_command_timeout;
+    context.build_id = std::to_string(build_.id);
+    tools::ToolRegistry registry = tools::default_registry();
+    RegistryToolExecutor executor(registry, context);
+    AgentTask task{build_.spec.task, build_.spec.repo + (build_.spec.ref.empty() ? "" : " at " + build_.spec.ref),
+                   build_.spec.verify.value_or(""), resume_note};
+    AgentResult result = run_agent(task, build_limits(options_.limits, build_.spec.limits), model, executor, events_, stop_);
+    const Counters& c = result.counters;
+    metrics_.tokens_prefilled = c.prefilled_tokens;
+    metrics_.tokens_cached = c.reused_tokens;
+    metrics_.tokens_generated = c.generated_tokens;
+    metrics_.tokens_reasoning = c.reasoning_tokens;
+    metrics_.steps = c.steps;
+    for (const auto& [name, n] : c.tool_calls_by_name) metrics_.tool_calls[name] = n;
+    metrics_.seconds_prefill = c.prefill_s;
+    metrics_.seconds_decode = c.decode_s;
+    metrics_.seconds_tools = c.tools_s;
+    return result;
+  }
+
+  Outcome decide(const AgentResult& agent) {
+    switch (agent.reason) {
+      case StopReason::submitted: return verify();
+      case StopReason::step_limit: return {BuildStatus::failed, OutcomeReason::step_limit, agent.message};
+      case StopReason::token_limit: return {BuildStatus::failed, OutcomeReason::token_limit, agent.message};
+      case StopReason::time_limit: return {BuildStatus::failed, OutcomeReason::time_limit, agent.message};
+      case StopReason::cancelled: return {BuildStatus::cancelled, OutcomeReason::cancelled, agent.message};
+      case StopReason::model_error: return {BuildStatus::error, OutcomeReason::model_error, agent.message};
+      default: return {BuildStatus::error, OutcomeReason::infra_error, agent.message};
+    }
+  }
+
+  Outcome verify() {
+    const std::string command = build_.spec.verify.value_or("");
+    if (command.empty()) return {BuildStatus::succeeded, OutcomeReason::no_verify, "submitted; no verify command"};
+    status("verify", {{"command", command}});
+    auto t0 = Clock::now();
+    sandbox::Policy policy = policy_;
+    policy.limits.wall_timeout = options_.verify_timeout;
+    sandbox::RunOptions run_options;
+    run_options.cancel = &stop_.flag();
+    sandbox::Result r = sandbox::run({"bash", "-c", command}, policy, run_options);
+    metrics_.seconds_verify = seconds_since(t0);
+    emit("log", {{"phase", "verify"}, {"command", command}, {"exit_code", r.exit_code}, {"timed_out", r.timed_out},
+                 {"cancelled", r.cancelled}, {"seconds", metrics_.seconds_verify}, {"error", r.error},
+                 {"output", cap(r.joined_output(), 16 * 1024)}});
+    if (!r.ok()) return {BuildStatus::error, OutcomeReason::infra_error, "verify could not run: " + r.error};
+    if (r.cancelled) return {BuildStatus::cancelled, OutcomeReason::cancelled, "cancelled during verify"};
+    if (r.timed_out) return {BuildStatus::failed, OutcomeReason::verify_failed, "verify timed out: " + command};
+    if (r.exit_code != 0)
+      return {BuildStatus::failed, OutcomeReason::verify_failed, "verify failed with exit code " + std::to_string(r.exit_code)};
+    return {BuildStatus::succeeded, OutcomeReason::verified, "verify passed: " + command};
+  }
+
+  // Commits the workspace on kiln/<id>; the diff against the base is stored with the outcome.
+  std::string commit_changes() {
+    status("commit", {{"branch", branch_}});
+    auto diff = tools::git_diff(workspace_);
+    if (!diff.ok()) {
+      emit("error", {{"phase", "commit"}, {"message", "diff failed: " + diff.error}});
+      return "";
+    }
+    diff_ = diff.value;
+    if (diff_.empty()) {
+      emit("log", {{"phase", "commit"}, {"message", "no changes to commit"}});
+      return "";
+    }
+    auto commit = tools::git_commit_all(workspace_, build_.spec.task);
+    if (!commit.ok()) {
+      emit("error", {{"phase", "commit"}, {"message", "commit failed: " + commit.error}});
+      return "";
+    }
+    emit("log", {{"phase", "commit"}, {"commit", commit.value}, {"branch", branch_}, {"diff_bytes", diff_.size()}});
+    return commit.value;
+  }
+
+  BuildReport finish(const Outcome& outcome) {
+    metrics_.seconds_wall = seconds_since(started_);
+    emit("metric", Json::parse(store::to_json(metrics_)));
+    if (auto added = store_.add_metrics(build_.id, build_.attempt, metrics_); !added.ok())
+      std::cerr << "level=warn component=agent build=" << build_.id << " msg=\"metrics not written\" error=\""
+                << added.error().message << "\"\n";
+    store::FinishRequest request;
+    request.status = outcome.status;
+    request.reason = outcome.reason;
+    request.result_branch = branch_;
+    request.result_diff = diff_;
+    if (outcome.status != BuildStatus::succeeded) request.error_message = outcome.message;
+    auto finished = store_.finish(build_.id, build_.attempt, request);
+    BuildReport report{finished.ok(), outcome.status, outcome.reason, outcome.message, ""};
+    if (!finished.ok()) report.message = "finish not written: " + finished.error().message;
+    if (finished.ok() && !options_.keep_workspaces) {
+      std::error_code ec;
+      fs::remove_all(workspace_, ec);
+    }
+    return report;
+  }
+
+  // Lease lost or shutting down: write nothing more; keep the workspace for a later attempt.
+  BuildReport abandoned(std::string message) {
+    BuildReport report;
+    report.message = std::move(message);
+    return report;
+  }
+
+  void status(const char* phase, Json fields) {
+    fields["phase"] = phase;
+    emit("status", fields);
+  }
+  void emit(std::string_view kind, const Json& payload) {
+    if (!events_.emit(kind, payload)) stop_.request(StopCause::lease_lost);
+  }
+
+  store::Store& store_;
+  const store::Build& build_;
+  const WorkerOptions& options_;
+  const ModelProvider& models_;
+  StopSignal& stop_;
+  StoreEventSink events_;
+  const fs::path workspace_;
+  const std::string branch_;
+  sandbox::Policy policy_;
+  const Clock::time_point started_ = Clock::now();
+  std::string base_commit_;
+  std::string diff_;
+  store::BuildMetrics metrics_;
+};
+
+}  // namespace
+
+BuildReport run_build(store::Store& store, const store::Build& build, const WorkerOptions& options,
+                      const ModelProvider& models, StopSignal& stop) {
+  BuildRun run(store, build, options, models, stop);
+  try {
+    return run.run();
+  } catch (const std::exception& e) {  // a programming error: record it on the build, keep the worker
+    return run.fail_internal(e.what());
+  }
+}
+
+}  // namespace kiln::agent

@@ -1,0 +1,63 @@
+// The build pipeline: one claimed build carried to a finished, recorded outcome.
+//
+//   setup   clone repo@ref into a fresh workspace (or keep the previous attempt's, see resume),
+//           branch kiln/<id>, prepare the sandbox, open the model
+//   agent   run_agent (loop.h) with the real tools and the store's event log
+//   verify  the task's verify command in the sandbox, when the model submitted and one is given
+//   commit  every change committed on kiln/<id> with the task as message; the diff is stored
+//   finish  status + outcome reason + metrics written to the store (fenced by the attempt)
+//
+// Every phase emits a `status` event; wall time is split into setup, prefill, decode, tools,
+// verify (queue is the store's). Resume: a build claimed again after an interrupted attempt
+// says so in a `log` event, and continues from the workspace the earlier attempt left when it is
+// still there (the model is told), otherwise starts from scratch and says that instead.
+// A lost lease or a shutdown writes nothing more: the store (fencing, recovery) owns the build.
+// Threading: run_build runs on the calling worker thread; it starts one heartbeat thread.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/budgets.h"
+#include "agent/chat_model.h"
+#include "agent/result.h"
+#include "agent/stop_signal.h"
+#include "sandbox/sandbox.h"
+#include "store/store.h"
+
+namespace kiln::agent {
+
+// Maps a build's model name to a fresh ChatModel for that build (one engine session per build).
+// An error (unknown model, no free session, load failure) ends the build with model_error.
+using ModelProvider =
+    std::function<Result<std::unique_ptr<ChatModel>>(const std::string& model, int64_t build_id)>;
+
+struct WorkerOptions {
+  std::filesystem::path workspace_root = "var/workspaces";  // one directory per build under it
+  bool keep_workspaces = false;          // keep finished workspaces (debugging)
+  int64_t lease_ms = 30'000;
+  std::chrono::milliseconds heartbeat_interval{2'000};
+  std::string owner = "kiln";            // lease owner; the pool appends "/worker-<n>"
+  Limits limits;                         // defaults; a build's own limits (when > 0) override
+  sandbox::Policy sandbox;               // template for tools and verify; workspace set per build
+  std::chrono::milliseconds max_command_timeout{600'000};
+  std::chrono::milliseconds verify_timeout{600'000};
+  std::vector<std::string> models;       // claim only builds for these models; empty = any
+};
+
+struct BuildReport {
+  bool finished = false;  // the outcome was written (false: lease lost, shutdown, store failure)
+  store::BuildStatus status = store::BuildStatus::error;
+  store::OutcomeReason reason = store::OutcomeReason::infra_error;
+  std::string message;
+  std::string commit;  // the commit on kiln/<id>, when there were changes
+};
+
+BuildReport run_build(store::Store& store, const store::Build& build, const WorkerOptions& options,
+                      const ModelProvider& models, StopSignal& stop);
+
+}  // namespace kiln::agent

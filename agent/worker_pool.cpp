@@ -1,0 +1,65 @@
+#include "agent/worker_pool.h"
+
+#include <iostream>
+
+namespace kiln::agent {
+
+WorkerPool::WorkerPool(WorkerOptions options, store::Store& store, ModelProvider models, int workers)
+    : options_(std::move(options)), store_(store), models_(std::move(models)), workers_(workers < 1 ? 1 : workers) {}
+
+WorkerPool::~WorkerPool() { stop(); }
+
+void WorkerPool::start() {
+  if (!threads_.empty()) return;
+  stopping_ = false;
+  for (int i = 0; i < workers_; ++i) threads_.emplace_back([this, i] { work(i); });
+}
+
+void WorkerPool::stop() {
+  stopping_ = true;
+  {
+    std::lock_guard lock(mutex_);
+    for (StopSignal* signal : running_) signal->request(StopCause::shutdown);
+  }
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void WorkerPool::work(int index) {
+  store::ClaimRequest request;
+  request.owner = options_.owner + "/worker-" + std::to_string(index);
+  request.lease_ms = options_.lease_ms;
+  request.models = options_.models;
+  while (!stopping_) {
+    // Short waits so stop() is seen promptly without touching the store's shared wake-ups.
+    auto claimed = store_.claim_wait(request, std::chrono::milliseconds(250));
+    if (!claimed.ok()) {
+      std::cerr << "level=warn component=agent worker=" << index << " msg=\"claim failed\" error=\""
+                << claimed.error().message << "\"\n";
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    if (!claimed.value()) continue;
+    const store::Build build = std::move(*claimed.value());
+    StopSignal signal;
+    {
+      std::lock_guard lock(mutex_);
+      running_.insert(&signal);
+      if (stopping_) signal.request(StopCause::shutdown);
+    }
+    ++busy_;
+    BuildReport report = run_build(store_, build, options_, models_, signal);
+    --busy_;
+    ++done_;
+    {
+      std::lock_guard lock(mutex_);
+      running_.erase(&signal);
+    }
+    std::cerr << "level=info component=agent worker=" << index << " build=" << build.id
+              << " attempt=" << build.attempt << " finished=" << report.finished
+              << " status=" << store::to_string(report.status) << " reason=" << store::to_string(report.reason)
+              << " msg=\"" << report.message << "\"\n";
+  }
+}
+
+}  // namespace kiln::agent

@@ -1,0 +1,48 @@
+// WorkerPool: N worker threads, each claiming one build at a time from the store and carrying
+// it through run_build (worker.h). The server starts one from `kiln serve`:
+//
+//   WorkerPool pool(options, store, provider, workers);   // workers: default = engine session slots
+//   pool.start();  ...  pool.stop();                       // stop(): running builds are abandoned,
+//                                                          // their leases expire, recovery requeues
+// State list: constructed → start() → running → stop() → stopped (the destructor stops).
+// Threading: start/stop from one owning thread. Each worker thread owns its claimed build and
+// its StopSignal; stop() only sets those signals (through the mutex-guarded registry) and joins.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "agent/worker.h"
+
+namespace kiln::agent {
+
+class WorkerPool {
+ public:
+  WorkerPool(WorkerOptions options, store::Store& store, ModelProvider models, int workers);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void start();
+  void stop();
+  int busy() const { return busy_.load(); }               // workers carrying a build now
+  int64_t builds_done() const { return done_.load(); }    // builds carried to an end (any)
+
+ private:
+  void work(int index);
+  const WorkerOptions options_;
+  store::Store& store_;
+  const ModelProvider models_;
+  const int workers_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> busy_{0};
+  std::atomic<int64_t> done_{0};
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::set<StopSignal*> running_;  // guarded by mutex_: the signals of builds being carried
+};
+
+}  // namespace kiln::agent
