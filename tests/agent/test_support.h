@@ -34,6 +34,8 @@ std::string make_example_repo(const std::string& name, const std::filesystem::pa
 
 // Runs a shell command (test setup only), returns its exit code.
 int shell(const std::string& command);
+// Runs a shell command (test checks only), returns its stdout.
+std::string capture(const std::string& command);
 std::string read_file(const std::filesystem::path& path);
 
 }  // namespace kiln::agent::testing

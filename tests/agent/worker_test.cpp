@@ -1,0 +1,277 @@
+// The build pipeline end to end: real store (SQLite in a temp dir), real clone/branch/commit
+// (libgit2), real sandbox and tools, the scripted model (or the engine on a make-tiny model).
+#include "agent/worker.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "agent/worker_pool.h"
+#include "test_support.h"
+
+namespace kiln::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using store::BuildStatus;
+using store::OutcomeReason;
+using testing::call;
+using testing::turn_with;
+
+const char* kStatsTask = "median() in stats.py is wrong for lists of even length; fix it.";
+
+struct Pipeline {
+  testing::TempDir dir;
+  testing::TestStore ts;
+  std::filesystem::path source;
+  WorkerOptions options;
+
+  explicit Pipeline(const std::string& example, bool fake_clock = false) : ts(dir.path(), fake_clock) {
+    source = dir.path() / "source";
+    EXPECT_EQ(testing::make_example_repo(example, source), "");
+    options.workspace_root = dir.path() / "workspaces";
+    options.heartbeat_interval = 50ms;
+    options.owner = "test";
+  }
+
+  store::Build submit(std::optional<std::string> verify, store::Limits limits = {}, std::string model = "scripted") {
+    store::BuildSpec spec;
+    spec.repo = source.string();
+    spec.task = kStatsTask;
+    spec.verify = std::move(verify);
+    spec.model = std::move(model);
+    spec.limits = limits;
+    auto submitted = ts.store->submit(spec);
+    EXPECT_TRUE(submitted.ok()) << submitted.error().message;
+    return submitted.value();
+  }
+
+  store::Build claim() {
+    auto claimed = ts.store->claim({"test/worker-0", options.lease_ms, {}});
+    EXPECT_TRUE(claimed.ok() && claimed.value().has_value());
+    return *claimed.value();
+  }
+
+  std::vector<store::Event> events(int64_t id) {
+    auto e = ts.store->read_events(id, 0, 10000);
+    EXPECT_TRUE(e.ok());
+    return e.ok() ? e.value() : std::vector<store::Event>{};
+  }
+
+  std::filesystem::path workspace(int64_t id) const { return options.workspace_root / ("build-" + std::to_string(id)); }
+};
+
+ModelProvider scripted(std::vector<ScriptedTurn> script) {
+  return [script](const std::string& model, int64_t) -> Result<std::unique_ptr<ChatModel>> {
+    if (model != "scripted") return Error{"unknown model " + model};
+    return std::unique_ptr<ChatModel>(std::make_unique<ScriptedChatModel>(script));
+  };
+}
+
+std::vector<ScriptedTurn> fixing_script() {
+  return {turn_with(call("view", Json{{"path", "stats.py"}}), "Look at median first."),
+          turn_with(testing::fix_median_call()),
+          turn_with(call("bash", Json{{"command", "python3 -m unittest -q"}})),
+          turn_with(call("submit", Json{{"summary", "median averages the middle pair"}}))};
+}
+
+// Index of the first event at or after `from` whose kind matches and whose payload contains `text`.
+size_t find_event(const std::vector<store::Event>& events, size_t from, std::string_view kind, std::string_view text) {
+  for (size_t i = from; i < events.size(); ++i)
+    if (events[i].kind == kind && events[i].payload_json.find(text) != std::string::npos) return i;
+  return events.size();
+}
+
+TEST(BuildPipeline, successful_build_is_verified_committed_and_recorded) {
+  Pipeline p("stats-py");
+  p.options.keep_workspaces = true;
+  auto submitted = p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(fixing_script()), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  EXPECT_EQ(report.status, BuildStatus::succeeded) << report.message;
+  EXPECT_EQ(report.reason, OutcomeReason::verified);
+
+  auto stored = p.ts.store->get(build.id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status, BuildStatus::succeeded);
+  EXPECT_EQ(stored->outcome, OutcomeReason::verified);
+  EXPECT_EQ(stored->result_branch, "kiln/" + std::to_string(build.id));
+  ASSERT_TRUE(stored->result_diff.has_value());
+  EXPECT_NE(stored->result_diff->find("+        return (ordered[middle - 1] + ordered[middle]) / 2"), std::string::npos);
+  EXPECT_EQ(stored->result_diff->find("__pycache__"), std::string::npos);
+  const auto& m = stored->metrics;
+  EXPECT_EQ(m.steps, 4);
+  EXPECT_EQ(m.tool_calls.at("view"), 1);
+  EXPECT_EQ(m.tool_calls.at("str_replace"), 1);
+  EXPECT_EQ(m.tool_calls.at("bash"), 1);
+  EXPECT_GT(m.tokens_generated, 0);
+  EXPECT_GT(m.tokens_prefilled, 0);
+  EXPECT_GT(m.seconds_verify, 0);
+  EXPECT_GT(m.seconds_tools, 0);
+  EXPECT_GE(m.seconds_wall, m.seconds_setup + m.seconds_tools + m.seconds_verify);
+
+  // The branch holds one new commit whose message is the task.
+  std::string ws = p.workspace(build.id).string();
+  EXPECT_EQ(testing::capture("git -c safe.directory='*' -C '" + ws + "' rev-parse --abbrev-ref HEAD"), "kiln/" + std::to_string(build.id) + "\n");
+  EXPECT_EQ(testing::capture("git -c safe.directory='*' -C '" + ws + "' log --format=%B -1"), std::string(kStatsTask) + "\n");
+  EXPECT_EQ(testing::capture("git -c safe.directory='*' -C '" + ws + "' rev-list --count HEAD"), "2\n");
+  EXPECT_EQ(testing::capture("git -c safe.directory='*' -C '" + ws + "' rev-parse HEAD"), report.commit + "\n");
+
+  // Events in order: setup, agent (reasoning, the four calls), commit, verify, metrics.
+  auto events = p.events(build.id);
+  size_t i = find_event(events, 0, "status", "\"setup\"");
+  i = find_event(events, i, "status", "\"agent\"");
+  i = find_event(events, i, "reasoning", "Look at median");
+  for (const char* tool : {"view", "str_replace", "bash", "submit"}) {
+    i = find_event(events, i, "tool_call", tool);
+    i = find_event(events, i, "tool_result", tool);
+  }
+  i = find_event(events, i, "status", "\"commit\"");
+  i = find_event(events, i, "log", report.commit);
+  i = find_event(events, i, "status", "\"verify\"");
+  i = find_event(events, i, "log", "\"exit_code\":0");
+  i = find_event(events, i, "metric", "seconds_wall");
+  EXPECT_LT(i, events.size()) << "events out of order or missing";
+}
+
+TEST(BuildPipeline, failing_verify_ends_failed_with_verify_failed) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "nothing to do"}}))};
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::failed);
+  EXPECT_EQ(stored->outcome, OutcomeReason::verify_failed);
+  EXPECT_NE(stored->error_message.value_or("").find("exit code"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(build.id)));  // cleaned up
+}
+
+TEST(BuildPipeline, step_limit_from_the_build_spec_ends_failed_step_limit) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q", store::Limits{2, 0, 0});
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(fixing_script()), stop);
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::failed);
+  EXPECT_EQ(stored->outcome, OutcomeReason::step_limit);
+  EXPECT_EQ(stored->metrics.steps, 2);
+  // The partial work (the fix, made in step 2) is still committed on the branch for inspection.
+  EXPECT_NE(stored->result_diff.value_or("").find("ordered[middle - 1]"), std::string::npos);
+}
+
+TEST(BuildPipeline, cancel_in_the_store_stops_a_running_command_within_a_second) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  std::chrono::steady_clock::time_point cancelled_at;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(800ms);
+    cancelled_at = std::chrono::steady_clock::now();
+    EXPECT_TRUE(p.ts.store->cancel(build.id).ok());
+  });
+  auto script = std::vector<ScriptedTurn>{turn_with(call("bash", Json{{"command", "sleep 30"}}))};
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  auto ended = std::chrono::steady_clock::now();
+  canceller.join();
+  EXPECT_LT(ended - cancelled_at, 1s);
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::cancelled);
+  EXPECT_EQ(stored->outcome, OutcomeReason::cancelled);
+}
+
+TEST(BuildPipeline, clone_failure_is_an_infra_error_naming_the_repo) {
+  Pipeline p("stats-py");
+  store::BuildSpec spec;
+  spec.repo = (p.dir.path() / "no-such-repo").string();
+  spec.task = "anything";
+  spec.model = "scripted";
+  ASSERT_TRUE(p.ts.store->submit(spec).ok());
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted({}), stop);
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::error);
+  EXPECT_EQ(stored->outcome, OutcomeReason::infra_error);
+  EXPECT_NE(stored->error_message.value_or("").find("no-such-repo"), std::string::npos);
+}
+
+TEST(BuildPipeline, unknown_model_is_a_model_error) {
+  Pipeline p("stats-py");
+  p.submit(std::nullopt, {}, "nonexistent");
+  auto build = p.claim();
+  StopSignal stop;
+  run_build(*p.ts.store, build, p.options, scripted({}), stop);
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::error);
+  EXPECT_EQ(stored->outcome, OutcomeReason::model_error);
+  EXPECT_NE(stored->error_message.value_or("").find("nonexistent"), std::string::npos);
+}
+
+// Attempt 1 edits, then the worker shuts down mid-build; the lease expires, recovery requeues,
+// attempt 2 is told and continues from the workspace attempt 1 left.
+TEST(BuildPipeline, interrupted_build_resumes_from_its_workspace) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit("python3 -m unittest -q");
+  auto first = p.claim();
+  StopSignal stop1;
+  auto script1 = std::vector<ScriptedTurn>{turn_with(testing::fix_median_call()),
+                                           turn_with(call("view", Json{{"path", "."}}))};
+  script1[1].expect = [&](const std::vector<Message>&) { stop1.request(StopCause::shutdown); };
+  BuildReport r1 = run_build(*p.ts.store, first, p.options, scripted(script1), stop1);
+  EXPECT_FALSE(r1.finished);
+  EXPECT_TRUE(std::filesystem::exists(p.workspace(first.id)));  // kept for the next attempt
+
+  p.ts.clock->fetch_add(10'000);
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  ASSERT_EQ(second.attempt, 2);
+  StopSignal stop2;
+  auto script2 = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "already fixed"}}))};
+  script2[0].expect = [](const std::vector<Message>& seen) {
+    EXPECT_NE(seen[1].content.find("the workspace keeps its changes (1 files changed)"), std::string::npos) << seen[1].content;
+  };
+  BuildReport r2 = run_build(*p.ts.store, second, p.options, scripted(script2), stop2);
+  ASSERT_TRUE(r2.finished) << r2.message;
+  EXPECT_EQ(r2.status, BuildStatus::succeeded) << r2.message;
+  auto events = p.events(first.id);
+  EXPECT_LT(find_event(events, 0, "log", "\"from\":\"workspace\""), events.size());
+}
+
+TEST(BuildPipeline, interrupted_build_without_workspace_says_it_restarts_from_scratch) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit("python3 -m unittest -q");
+  auto first = p.claim();
+  p.ts.clock->fetch_add(10'000);  // attempt 1 died before creating its workspace
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  StopSignal stop;
+  BuildReport r = run_build(*p.ts.store, second, p.options, scripted(fixing_script()), stop);
+  EXPECT_EQ(r.status, BuildStatus::succeeded) << r.message;
+  auto events = p.events(first.id);
+  EXPECT_LT(find_event(events, 0, "log", "\"from\":\"scratch\""), events.size());
+}
+
+TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {
+  Pipeline p("stats-py");
+  int64_t a = p.submit("python3 -m unittest -q").id;
+  int64_t b = p.submit(std::nullopt).id;
+  WorkerPool pool(p.options, *p.ts.store, scripted(fixing_script()), 2);
+  pool.start();
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (pool.builds_done() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  pool.stop();
+  EXPECT_EQ(p.ts.store->get(a)->outcome, OutcomeReason::verified);
+  EXPECT_EQ(p.ts.store->get(b)->outcome, OutcomeReason::no_verify);
+}
+
+}  // namespace
+}  // namespace kiln::agent
