@@ -3,43 +3,12 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/make_tiny.h"
-#include "engine/tokenizer/tiny_tokenizer.h"
 #include "test_support.h"
 
 namespace kiln::agent {
 namespace {
 
-using testing::TempDir;
-
-constexpr int64_t kVocab = 1024;
-
-struct TinyEngine {
-  TempDir dir;
-  std::unique_ptr<engine::Model> model;
-  std::unique_ptr<engine::Tokenizer> tokenizer;
-
-  explicit TinyEngine(int64_t max_positions = 8192) {
-    engine::TinyModelOptions options;
-    options.vocab = kVocab;
-    options.max_position_embeddings = max_positions;
-    options.tokenizer = false;
-    auto made = engine::make_tiny_model(dir.path().string(), options);
-    EXPECT_TRUE(made.ok()) << made.error();
-    auto tok = engine::write_tiny_tokenizer(dir.path().string(), kVocab);
-    EXPECT_TRUE(tok.ok()) << tok.error;
-    engine::EngineOptions engine_options;
-    engine_options.threads = 2;
-    engine_options.max_sessions = 2;
-    engine_options.kv_budget_bytes = int64_t(64) << 20;
-    auto loaded = engine::Model::load(dir.path().string(), engine_options);
-    EXPECT_TRUE(loaded.ok()) << loaded.error();
-    if (loaded.ok()) model = std::move(loaded.value());
-    auto t = engine::Tokenizer::load_model_dir(dir.path().string());
-    EXPECT_TRUE(t.ok()) << t.error;
-    tokenizer = std::move(t.tokenizer);
-  }
-};
+using testing::TinyEngine;
 
 std::vector<ToolSchema> tools() {
   return {{"bash", "Run a command.",

@@ -41,6 +41,8 @@ std::string read_file(const std::filesystem::path& path);
 }  // namespace kiln::agent::testing
 
 #include "agent/scripted_chat_model.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "agent/tools_adapter.h"
 #include "tools/tools.h"
 
@@ -64,6 +66,14 @@ inline ScriptedTurn turn_with(ToolCall c, std::string reasoning = "") {
   t.calls.push_back(std::move(c));
   return t;
 }
+
+// A random-weight make-tiny model (MoE, 4 layers, vocab 1024) with the tiny Qwen tokenizer.
+struct TinyEngine {
+  TempDir dir;
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::Tokenizer> tokenizer;
+  explicit TinyEngine(int64_t max_positions = 8192);
+};
 
 // The fix for examples/repos/stats-py, as the tool calls a model would make.
 ToolCall fix_median_call();

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "agent/engine_provider.h"
 #include "agent/worker_pool.h"
 #include "test_support.h"
 
@@ -258,6 +259,47 @@ TEST(BuildPipeline, interrupted_build_without_workspace_says_it_restarts_from_sc
   EXPECT_EQ(r.status, BuildStatus::succeeded) << r.message;
   auto events = p.events(first.id);
   EXPECT_LT(find_event(events, 0, "log", "\"from\":\"scratch\""), events.size());
+}
+
+// The real engine on a random-weight model: its output is noise, so the build ends by a limit;
+// the pipeline, the session reuse and the accounting are what is checked.
+TEST(BuildPipeline, engine_build_on_a_tiny_model_runs_end_to_end_and_ends_by_a_limit) {
+  Pipeline p("stats-py");
+  testing::TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  EngineChatModelOptions model_options;
+  model_options.sampling.temperature = 1.0f;
+  model_options.sampling.seed = 3;
+  auto provider = engine_model_provider({{"tiny", {tiny.model.get(), tiny.tokenizer.get(), model_options}}});
+  p.options.limits.max_format_errors = 1000;  // noise is never a valid call; let the step limit end it
+  p.options.limits.max_turn_tokens = 24;
+  p.submit("python3 -m unittest -q", store::Limits{4, 0, 0}, "tiny");
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, provider, stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::failed);
+  EXPECT_EQ(stored->outcome, OutcomeReason::step_limit) << stored->error_message.value_or("");
+  EXPECT_EQ(stored->metrics.steps, 4);
+  EXPECT_GT(stored->metrics.tokens_generated, 0);
+  EXPECT_GT(stored->metrics.tokens_cached, stored->metrics.tokens_prefilled);  // turns 2..4 reuse the session
+  EXPECT_GT(stored->metrics.seconds_decode, 0);
+
+  // Per-turn metric events: every token of the session was prefilled or generated exactly once.
+  int64_t prefilled = 0, generated = 0, context = 0, turns = 0;
+  for (const auto& e : p.events(build.id)) {
+    if (e.kind != "metric") continue;
+    auto j = Json::parse(e.payload_json);
+    if (!j.contains("step") || !j.contains("context_tokens") || j.contains("steps")) continue;
+    ++turns;
+    prefilled += j["tokens_prefilled"].get<int64_t>();
+    generated += j["tokens_generated"].get<int64_t>();
+    context = j["context_tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(turns, 4);
+  EXPECT_EQ(prefilled + generated, context);
+  EXPECT_EQ(prefilled, stored->metrics.tokens_prefilled);
 }
 
 TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {
