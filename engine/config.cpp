@@ -190,10 +190,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     KILN_TRY(r.range("num_experts", c.num_experts, 1, 65536, "1..65536"));
     KILN_TRY(r.get("num_experts_per_tok", c.num_experts_per_tok, true));
     KILN_TRY(r.range("num_experts_per_tok", c.num_experts_per_tok, 1, c.num_experts, "1..num_experts"));
-    KILN_TRY(r.get("moe_intermediate_size", c.moe_intermediate_size, true));
-    KILN_TRY(r.range("moe_intermediate_size", double(c.moe_intermediate_size), 1, 1 << 20, "1..2^20"));
+    // Absent sizes are read from the tensors when the weights are bound (0 / −1 mark "absent").
+    KILN_TRY(r.get("moe_intermediate_size", c.moe_intermediate_size, false));
+    KILN_TRY(r.range("moe_intermediate_size", double(c.moe_intermediate_size), 0, 1 << 20, "1..2^20"));
+    c.shared_expert_intermediate_size = -1;
     KILN_TRY(r.get("shared_expert_intermediate_size", c.shared_expert_intermediate_size, false));
-    KILN_TRY(r.range("shared_expert_intermediate_size", double(c.shared_expert_intermediate_size), 0, 1 << 20,
+    KILN_TRY(r.range("shared_expert_intermediate_size", double(c.shared_expert_intermediate_size), -1, 1 << 20,
                      "0..2^20"));
     bool norm_topk = true;
     KILN_TRY(r.get("norm_topk_prob", norm_topk, false));

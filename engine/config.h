@@ -46,8 +46,8 @@ struct ModelConfig {
   int64_t intermediate_size = 0;  // dense MLP
   int num_experts = 0;
   int num_experts_per_tok = 0;
-  int64_t moe_intermediate_size = 0;
-  int64_t shared_expert_intermediate_size = 0;
+  int64_t moe_intermediate_size = 0;             // 0: absent, read from the expert tensors
+  int64_t shared_expert_intermediate_size = 0;   // −1: absent, read from the tensors; 0: none
 
   std::string dtype = "bfloat16";  // the checkpoint's dtype as the config states it
 

@@ -27,6 +27,8 @@ class [[nodiscard]] Result {
   T* operator->() { return &std::get<0>(v_); }
   const T* operator->() const { return &std::get<0>(v_); }
   T& operator*() & { return std::get<0>(v_); }
+  const T& operator*() const& { return std::get<0>(v_); }
+  T&& operator*() && { return std::get<0>(std::move(v_)); }
   const std::string& error() const { return std::get<1>(v_).message; }
   Error take_error() && { return std::get<1>(std::move(v_)); }
 

@@ -37,6 +37,11 @@ class Binder {
   }
 
   bool has(const std::string& canon) const { return by_canon_.count(canon) > 0; }
+  // Dimension `dim` of a tensor's stored shape, or 0 when absent (to infer sizes a config omits).
+  int64_t dim(const std::string& canon, size_t d) const {
+    auto it = by_canon_.find(canon);
+    return it == by_canon_.end() || it->second->shape.size() <= d ? 0 : it->second->shape[d];
+  }
 
   std::string stored_name(const std::string& canon) const {
     auto it = by_canon_.find(canon);
@@ -117,10 +122,18 @@ Status bind_mlp(Binder& b, const std::string& p, int64_t H, int64_t I, MlpWeight
 }
 
 Status bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights& m) {
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  const int64_t H = c.hidden_size, E = c.num_experts;
+  const bool packed = b.has(p + "experts.gate_up_proj");
+  // Sizes a config leaves out are taken from the tensors (a silently missing shared expert would
+  // give fluent but wrong output).
+  int64_t I = c.moe_intermediate_size;
+  if (I == 0) I = packed ? b.dim(p + "experts.gate_up_proj", 1) / 2 : b.dim(p + "experts.0.gate_proj.weight", 0);
+  if (I <= 0) return make_error("config: moe_intermediate_size is missing and " + b.stored_name(p + "experts.gate_up_proj") + " does not show it");
+  int64_t S = c.shared_expert_intermediate_size;
+  if (S < 0) S = b.dim(p + "shared_expert.gate_proj.weight", 0);
   KILN_CHECK(b.matrix(p + "gate.weight", E, H, m.router));
   m.experts.resize(size_t(E));
-  if (b.has(p + "experts.gate_up_proj")) {  // packed: rows 0..I−1 gate, I..2I−1 up
+  if (packed) {  // packed: rows 0..I−1 gate, I..2I−1 up
     auto gu = b.packed(p + "experts.gate_up_proj", E, 2 * I, H);
     if (!gu) return make_error(gu.error());
     auto dn = b.packed(p + "experts.down_proj", E, H, I);
@@ -136,9 +149,9 @@ Status bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeight
     for (int64_t e = 0; e < E; ++e)
       KILN_CHECK(bind_mlp(b, p + "experts." + std::to_string(e) + ".", H, I, m.experts[size_t(e)]));
   }
-  m.has_shared_expert = c.shared_expert_intermediate_size > 0;
+  m.has_shared_expert = S > 0;
   if (m.has_shared_expert) {
-    KILN_CHECK(bind_mlp(b, p + "shared_expert.", H, c.shared_expert_intermediate_size, m.shared_expert));
+    KILN_CHECK(bind_mlp(b, p + "shared_expert.", H, S, m.shared_expert));
     KILN_CHECK(b.matrix(p + "shared_expert_gate.weight", 1, H, m.shared_expert_gate));
   }
   return {};
@@ -194,9 +207,8 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const Checkpoint& ck, co
   w.n_params = b.n_params();
   int64_t inactive = 0, inactive_bytes = 0;
   if (c.is_moe) {
-    inactive = int64_t(c.num_hidden_layers) * (c.num_experts - c.num_experts_per_tok) * 3 * H *
-               c.moe_intermediate_size;
-    const Matrix& down = w.layers[0].moe.experts[0].down_proj;
+    const Matrix& down = w.layers[0].moe.experts[0].down_proj;  // [H][I]
+    inactive = int64_t(c.num_hidden_layers) * (c.num_experts - c.num_experts_per_tok) * 3 * H * down.cols;
     inactive_bytes = inactive * int64_t(dtype_size(down.dtype));
   }
   w.n_params_active = w.n_params - inactive - (V - 1) * H;  // one embedding row is read per token

@@ -90,9 +90,12 @@ void add_info(CLI::App& engine, Context& ctx) {
             << "\ndelta net: " << c.linear_num_key_heads << " key heads of " << c.linear_key_head_dim << ", "
             << c.linear_num_value_heads << " value heads of " << c.linear_value_head_dim << ", conv "
             << c.linear_conv_kernel_dim << "\n";
-    if (c.is_moe)
+    if (c.is_moe) {
+      const MoeWeights& moe = w.layers[0].moe;  // sizes as bound (a config may omit them)
       ctx.out << "ffn: MoE, " << c.num_experts << " experts, top " << c.num_experts_per_tok << ", intermediate "
-              << c.moe_intermediate_size << ", shared expert " << c.shared_expert_intermediate_size << "\n";
+              << moe.experts[0].down_proj.cols << ", shared expert "
+              << (moe.has_shared_expert ? moe.shared_expert.down_proj.cols : 0) << "\n";
+    }
     else
       ctx.out << "ffn: dense SwiGLU, intermediate " << c.intermediate_size << "\n";
     ctx.out << "parameters: " << w.n_params << " (" << w.n_bytes << " bytes as stored)\n"

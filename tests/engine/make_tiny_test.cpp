@@ -63,5 +63,29 @@ TEST(MakeTiny, PackedAndPerExpertLayoutsComputeTheSameModel) {
   }
 }
 
+TEST(MakeTiny, ConfigWithoutFfnSizesTakesThemFromTheTensors) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::vector<int32_t> toks = {5, 6, 7, 8, 9};
+  std::vector<float> before;
+  {
+    auto m = Model::load(dir);
+    ASSERT_TRUE(m.ok()) << m.error();
+    auto s = (*m)->open_session();
+    ASSERT_TRUE(s.ok());
+    before = *(*s)->append(toks);
+  }
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  cfg["text_config"].erase("moe_intermediate_size");
+  cfg["text_config"].erase("shared_expert_intermediate_size");
+  std::ofstream(dir + "/config.json", std::ios::trunc) << cfg.dump();
+  auto m = Model::load(dir);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_TRUE((*m)->weights().warnings.empty());  // the shared expert is bound, not left over
+  EXPECT_TRUE((*m)->weights().layers[0].moe.has_shared_expert);
+  auto s = (*m)->open_session();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*(*s)->append(toks), before);
+}
+
 }  // namespace
 }  // namespace kiln::engine
