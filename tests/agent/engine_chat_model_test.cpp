@@ -49,6 +49,10 @@ TEST(EngineChatModel, thirty_turns_prefill_each_token_once) {
     conv.push_back(tool_message("[exit code 1]\nFAIL: test_median_even (turn " + std::to_string(turn) + ")",
                                 "call_" + std::to_string(turn), "bash"));
   }
+  RecordProperty("tokens_prefilled", std::to_string(prefilled));
+  RecordProperty("tokens_generated", std::to_string(generated));
+  RecordProperty("session_tokens", std::to_string(model.session().size()));
+  RecordProperty("sum_of_turn_contexts", std::to_string(all_turn_contexts));
   // Every token in the session was prefilled or generated exactly once.
   EXPECT_EQ(prefilled + generated, model.session().size());
   EXPECT_LT(prefilled, all_turn_contexts / 10);  // far less than re-prefilling every turn
