@@ -1,0 +1,322 @@
+// The /v1 route functions: request -> response, over the store. Validation errors name the
+// field at fault in the API's own vocabulary (limits.steps, not the store's limits.max_steps).
+#include <charconv>
+
+#include <nlohmann/json.hpp>
+
+#include "server/event_hub.h"
+#include "server/http_metrics.h"
+#include "server/models.h"
+#include "server/routes.h"
+#include "store/store.h"
+
+namespace kiln::server {
+
+using nlohmann::json;
+
+namespace {
+
+std::string api_field(const std::string& store_field) {
+  if (store_field == "limits.max_steps") return "limits.steps";
+  if (store_field == "limits.max_tokens") return "limits.tokens";
+  if (store_field == "limits.max_wall_s") return "limits.wall_seconds";
+  return store_field;
+}
+
+HttpResponse store_error(const store::Error& e, const std::string& default_field = {}) {
+  using store::ErrorCode;
+  std::string code(store::to_string(e.code));
+  switch (e.code) {
+    case ErrorCode::invalid_argument: return error_response(400, "invalid_field", e.message, api_field(e.field));
+    case ErrorCode::not_found: return error_response(404, "not_found", e.message, default_field);
+    case ErrorCode::conflict: return error_response(409, "conflict", e.message, default_field);
+    case ErrorCode::busy: {
+      HttpResponse res = error_response(503, "busy", e.message);
+      res.headers.emplace_back("Retry-After", "1");
+      return res;
+    }
+    default: return error_response(500, "store_" + code, e.message);
+  }
+}
+
+// Rejects query parameters the route does not know, naming the first one.
+std::optional<HttpResponse> reject_unknown_params(const HttpRequest& req, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : req.query) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) return error_response(400, "unknown_parameter", "unknown query parameter '" + key + "'", key);
+  }
+  return std::nullopt;
+}
+
+// Reads an integer query parameter within [lo, hi]; absent leaves `out` alone.
+std::optional<HttpResponse> int_param(const HttpRequest& req, const char* name, int64_t lo, int64_t hi,
+                                      int64_t& out) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return std::nullopt;
+  const std::string& v = it->second;
+  int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || ptr != v.data() + v.size() || n < lo || n > hi) {
+    return error_response(400, "invalid_parameter",
+                          std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " +
+                              std::to_string(hi) + "], got '" + v + "'",
+                          name);
+  }
+  out = n;
+  return std::nullopt;
+}
+
+}  // namespace
+
+json build_json(const store::Build& b) {
+  auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+  json metrics = json::parse(store::to_json(b.metrics));
+  json j = {{"id", b.id},
+            {"repo", b.spec.repo},
+            {"ref", b.spec.ref},
+            {"task", b.spec.task},
+            {"verify", opt(b.spec.verify)},
+            {"model", b.spec.model},
+            {"limits", {{"steps", b.spec.limits.max_steps},
+                        {"tokens", b.spec.limits.max_tokens},
+                        {"wall_seconds", b.spec.limits.max_wall_s}}},
+            {"priority", b.spec.priority},
+            {"status", store::to_string(b.status)},
+            {"reason", b.outcome ? json(store::to_string(*b.outcome)) : json(nullptr)},
+            {"attempt", b.attempt},
+            {"cancel_requested", b.cancel_requested},
+            {"created_ms", b.created_ms},
+            {"started_ms", opt(b.started_ms)},
+            {"finished_ms", opt(b.finished_ms)},
+            {"result_branch", opt(b.result_branch)},
+            {"error_message", opt(b.error_message)},
+            {"has_diff", b.result_diff.has_value() && !b.result_diff->empty()},
+            {"metrics", metrics}};
+  if (b.finished_ms && b.started_ms) j["duration_s"] = static_cast<double>(*b.finished_ms - *b.started_ms) / 1000.0;
+  return j;
+}
+
+// Parses a submit body into a BuildSpec. Errors: 400 naming the field.
+std::optional<HttpResponse> parse_submit(const std::string& body, const ServerConfig& config, store::BuildSpec& spec) {
+  json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return error_response(400, "invalid_json", "request body is not valid JSON", "body");
+  if (!doc.is_object()) return error_response(400, "invalid_json", "request body must be a JSON object", "body");
+  static const char* known[] = {"repo", "ref", "task", "verify", "model", "limits", "priority"};
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    if (!ok) return error_response(400, "unknown_field", "unknown field '" + it.key() + "'", it.key());
+  }
+  auto str = [&](const char* key, bool required, std::string& out) -> std::optional<HttpResponse> {
+    if (!doc.contains(key) || doc[key].is_null()) {
+      if (required) return error_response(400, "missing_field", std::string(key) + " is required", key);
+      return std::nullopt;
+    }
+    if (!doc[key].is_string()) return error_response(400, "invalid_type", std::string(key) + " must be a string", key);
+    out = doc[key].get<std::string>();
+    return std::nullopt;
+  };
+  if (auto e = str("repo", true, spec.repo)) return e;
+  if (auto e = str("task", true, spec.task)) return e;
+  if (auto e = str("ref", false, spec.ref)) return e;
+  std::string verify;
+  if (auto e = str("verify", false, verify)) return e;
+  if (doc.contains("verify") && doc["verify"].is_string()) spec.verify = verify;
+  if (auto e = str("model", false, spec.model)) return e;
+  if (spec.model.empty()) spec.model = effective_default_model(config);
+  if (spec.model.empty()) return error_response(400, "missing_field", "model is required (no default model is configured)", "model");
+  spec.limits = {config.limits.steps, config.limits.tokens, config.limits.wall_seconds};
+  if (doc.contains("limits") && !doc["limits"].is_null()) {
+    const json& l = doc["limits"];
+    if (!l.is_object()) return error_response(400, "invalid_type", "limits must be an object", "limits");
+    std::pair<const char*, int64_t*> fields[] = {{"steps", &spec.limits.max_steps},
+                                                 {"tokens", &spec.limits.max_tokens},
+                                                 {"wall_seconds", &spec.limits.max_wall_s}};
+    for (auto it = l.begin(); it != l.end(); ++it) {
+      int64_t* target = nullptr;
+      for (auto& [name, ptr] : fields) target = it.key() == name ? ptr : target;
+      std::string field = "limits." + it.key();
+      if (target == nullptr) return error_response(400, "unknown_field", "unknown field '" + field + "'", field);
+      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+        return error_response(400, "invalid_type", field + " must be a positive integer", field);
+      }
+      *target = it->get<int64_t>();
+    }
+  }
+  if (doc.contains("priority") && !doc["priority"].is_null()) {
+    if (!doc["priority"].is_number_integer()) return error_response(400, "invalid_type", "priority must be an integer", "priority");
+    spec.priority = doc["priority"].get<int64_t>();
+  }
+  return std::nullopt;
+}
+
+HttpResponse submit_build(const HttpRequest& req, App& app) {
+  store::BuildSpec spec;
+  if (auto err = parse_submit(req.body, *app.config, spec)) return *err;
+  auto build = app.store->submit(spec);
+  if (!build) return store_error(build.error());
+  HttpResponse res = json_response(201, build_json(*build));
+  res.headers.emplace_back("Location", "/v1/builds/" + std::to_string(build->id));
+  return res;
+}
+
+HttpResponse list_builds(const HttpRequest& req, App& app) {
+  if (auto e = reject_unknown_params(req, {"status", "model", "limit", "cursor"})) return *e;
+  store::ListQuery q;
+  if (auto it = req.query.find("status"); it != req.query.end() && !it->second.empty()) {
+    q.status = store::parse_build_status(it->second);
+    if (!q.status) {
+      return error_response(400, "invalid_parameter",
+                            "status must be one of queued, running, succeeded, failed, cancelled, error", "status");
+    }
+  }
+  if (auto it = req.query.find("model"); it != req.query.end() && !it->second.empty()) q.model = it->second;
+  int64_t limit = 50, cursor = 0;
+  if (auto e = int_param(req, "limit", 1, 1000, limit)) return *e;
+  if (auto e = int_param(req, "cursor", 1, INT64_MAX, cursor)) return *e;
+  q.limit = static_cast<int>(limit);
+  if (cursor > 0) q.cursor = cursor;
+  auto page = app.store->list(q);
+  if (!page) return store_error(page.error());
+  json builds = json::array();
+  for (const store::Build& b : page->builds) builds.push_back(build_json(b));
+  json body = {{"builds", builds}};
+  body["next_cursor"] = page->next_cursor ? json(*page->next_cursor) : json(nullptr);
+  return json_response(200, body);
+}
+
+HttpResponse get_build(int64_t id, App& app) {
+  auto build = app.store->get(id, /*include_diff=*/false);
+  if (!build) return store_error(build.error(), "id");
+  return json_response(200, build_json(*build));
+}
+
+HttpResponse cancel_build(int64_t id, App& app) {
+  auto reply = app.store->cancel(id);
+  if (!reply) return store_error(reply.error(), "id");
+  return json_response(200, {{"build", build_json(reply->build)}, {"immediate", reply->immediate}});
+}
+
+HttpResponse get_diff(int64_t id, App& app) {
+  auto build = app.store->get(id, /*include_diff=*/true);
+  if (!build) return store_error(build.error(), "id");
+  if (!build->result_diff) {
+    return error_response(404, "no_diff",
+                          "build " + std::to_string(id) + " has no diff (status " +
+                              std::string(store::to_string(build->status)) + ")",
+                          "id");
+  }
+  HttpResponse res;
+  res.content_type = "text/x-diff; charset=utf-8";
+  res.body = *build->result_diff;
+  return res;
+}
+
+RouteResult get_events(int64_t id, const HttpRequest& req, App& app) {
+  RouteResult r;
+  if (auto e = reject_unknown_params(req, {"after", "limit"})) return {*e, "", std::nullopt};
+  int64_t after = 0, limit = 200;
+  if (auto e = int_param(req, "after", 0, INT64_MAX, after)) return {*e, "", std::nullopt};
+  if (auto e = int_param(req, "limit", 1, 1000, limit)) return {*e, "", std::nullopt};
+  bool sse = req.header("accept").find("text/event-stream") != std::string::npos;
+  if (sse && !req.header("last-event-id").empty()) {
+    const std::string& v = req.header("last-event-id");
+    auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), after);
+    if (ec != std::errc() || ptr != v.data() + v.size() || after < 0) {
+      return {error_response(400, "invalid_header", "Last-Event-ID must be an event seq, got '" + v + "'",
+                             "Last-Event-ID"),
+              "", std::nullopt};
+    }
+  }
+  // Status first, then events: a terminal status means the page below is complete.
+  auto build = app.store->get(id, /*include_diff=*/false);
+  if (!build) return {store_error(build.error(), "id"), "", std::nullopt};
+  if (sse) {
+    r.stream = StreamStart{id, after};
+    return r;
+  }
+  auto events = app.store->read_events(id, after, static_cast<int>(limit));
+  if (!events) return {store_error(events.error(), "id"), "", std::nullopt};
+  json list = json::array();
+  for (const store::Event& e : *events) list.push_back(json::parse(store::to_json(e)));
+  bool terminal = store::is_terminal(build->status);
+  json body = {{"events", list},
+               {"next_after", events->empty() ? after : events->back().seq},
+               {"status", store::to_string(build->status)},
+               {"terminal", terminal && static_cast<int64_t>(events->size()) < limit}};
+  r.response = json_response(200, body);
+  return r;
+}
+
+HttpResponse compare_models(const HttpRequest& req, App& app) {
+  if (auto e = reject_unknown_params(req, {"models"})) return *e;
+  store::CompareQuery q;
+  if (auto it = req.query.find("models"); it != req.query.end()) {
+    std::string_view rest = it->second;
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      std::string name(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      if (name.empty()) return error_response(400, "invalid_parameter", "models has an empty name", "models");
+      q.models.push_back(std::move(name));
+    }
+  }
+  auto report = app.store->compare(q);
+  if (!report) return store_error(report.error(), "models");
+  HttpResponse res;
+  res.body = store::to_json(*report) + "\n";
+  return res;
+}
+
+HttpResponse list_models(App& app) {
+  json body;
+  if (app.models != nullptr) {
+    body = app.models->describe(app.store);
+  } else {
+    body = {{"models", json::array()}};
+  }
+  body["default_model"] = effective_default_model(*app.config);
+  return json_response(200, body);
+}
+
+HttpResponse render_metrics(App& app) {
+  HttpResponse res;
+  res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  std::string& out = res.body;
+  if (auto stats = app.store->stats()) {
+    out += "# HELP kiln_builds Builds by status.\n# TYPE kiln_builds gauge\n";
+    for (const auto& [status, n] : stats->builds_by_status) {
+      out += "kiln_builds{status=\"" + std::string(store::to_string(status)) + "\"} " + std::to_string(n) + "\n";
+    }
+    out += "# HELP kiln_queue_depth Builds waiting for a worker.\n# TYPE kiln_queue_depth gauge\n";
+    out += "kiln_queue_depth " + std::to_string(stats->queue_depth) + "\n";
+    out += "# HELP kiln_tokens_total Tokens over all builds, by kind.\n# TYPE kiln_tokens_total counter\n";
+    std::pair<const char*, int64_t> kinds[] = {{"prefilled", stats->tokens_prefilled},
+                                               {"cached", stats->tokens_cached},
+                                               {"generated", stats->tokens_generated},
+                                               {"reasoning", stats->tokens_reasoning}};
+    for (auto& [kind, n] : kinds) out += "kiln_tokens_total{kind=\"" + std::string(kind) + "\"} " + std::to_string(n) + "\n";
+  } else {
+    out += "# store error: " + stats.error().message + "\n";
+  }
+  if (auto report = app.store->compare({})) {
+    out += "# HELP kiln_decode_tokens_per_second Decode speed over finished builds, by model.\n";
+    out += "# TYPE kiln_decode_tokens_per_second gauge\n";
+    for (const store::ModelStats& m : report->models) {
+      out += "kiln_decode_tokens_per_second{model=\"" + prometheus_label(m.model) + "\"} " +
+             std::to_string(m.decode_tokens_per_s) + "\n";
+    }
+  }
+  if (app.hub != nullptr) {
+    out += "# HELP kiln_sse_clients Live event-stream clients.\n# TYPE kiln_sse_clients gauge\n";
+    out += "kiln_sse_clients " + std::to_string(app.hub->subscriber_count()) + "\n";
+    out += "# HELP kiln_sse_dropped_total Event-stream clients dropped for being too slow.\n";
+    out += "# TYPE kiln_sse_dropped_total counter\n";
+    out += "kiln_sse_dropped_total " + std::to_string(app.hub->dropped_count()) + "\n";
+  }
+  app.http_metrics->render(out);
+  return res;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,233 @@
+#include "server/config.h"
+
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::server {
+
+using nlohmann::json;
+
+bool parse_listen_address(const std::string& text, ListenAddress& out, std::string& error) {
+  std::string host;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      error = "expected [ipv6]:port, got '" + text + "'";
+      return false;
+    }
+    host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos) {
+      error = "expected host:port, got '" + text + "'";
+      return false;
+    }
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc() || ptr != port_text.data() + port_text.size() || port > 65535) {
+    error = "bad port '" + port_text + "'";
+    return false;
+  }
+  if (host.empty()) host = "127.0.0.1";
+  out.host = host;
+  out.port = static_cast<uint16_t>(port);
+  return true;
+}
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+bool parse_byte_size(const std::string& text, uint64_t& bytes) {
+  static const std::pair<const char*, uint64_t> units[] = {
+      {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
+      {"TB", 1000000000000ull}, {"GB", 1000000000ull}, {"MB", 1000000ull}, {"KB", 1000ull}, {"B", 1}};
+  uint64_t scale = 1;
+  std::string number = text;
+  for (auto& [suffix, factor] : units) {
+    std::string s = suffix;
+    if (number.size() > s.size() && number.compare(number.size() - s.size(), s.size(), s) == 0) {
+      number.resize(number.size() - s.size());
+      scale = factor;
+      break;
+    }
+  }
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (number.empty() || ec != std::errc() || ptr != number.data() + number.size() || value <= 0) return false;
+  bytes = static_cast<uint64_t>(value * static_cast<double>(scale));
+  return bytes > 0;
+}
+
+namespace {
+
+// A tiny typed reader over one JSON object that remembers its path for error messages and
+// rejects keys nobody asked for.
+class ObjectReader {
+ public:
+  ObjectReader(const json& obj, std::string path) : obj_(obj), path_(std::move(path)) {}
+
+  std::string field(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  bool has(const std::string& key) {
+    seen_.insert(key);
+    return obj_.contains(key) && !obj_.at(key).is_null();
+  }
+  const json& at(const std::string& key) const { return obj_.at(key); }
+
+  std::optional<std::string> string(const std::string& key, std::string& out) {
+    if (!has(key)) return std::nullopt;
+    if (!at(key).is_string()) return field(key) + ": expected a string";
+    out = at(key).get<std::string>();
+    return std::nullopt;
+  }
+  template <typename Int>
+  std::optional<std::string> integer(const std::string& key, Int& out, int64_t min_value) {
+    if (!has(key)) return std::nullopt;
+    const json& v = at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < min_value) {
+      return field(key) + ": expected an integer >= " + std::to_string(min_value);
+    }
+    out = static_cast<Int>(v.get<int64_t>());
+    return std::nullopt;
+  }
+  std::optional<std::string> number(const std::string& key, double& out, double lo, double hi) {
+    if (!has(key)) return std::nullopt;
+    const json& v = at(key);
+    if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi) {
+      return field(key) + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    }
+    out = v.get<double>();
+    return std::nullopt;
+  }
+  std::optional<std::string> bytes(const std::string& key, uint64_t& out) {
+    if (!has(key)) return std::nullopt;
+    const json& v = at(key);
+    if (v.is_number_integer() && v.get<int64_t>() > 0) {
+      out = v.get<uint64_t>();
+      return std::nullopt;
+    }
+    if (v.is_string() && parse_byte_size(v.get<std::string>(), out)) return std::nullopt;
+    return field(key) + ": expected a byte count or a size like \"36GiB\"";
+  }
+  // Call last: names the first key that no accessor asked about.
+  std::optional<std::string> reject_unknown() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (!seen_.count(it.key())) return field(it.key()) + ": unknown field";
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  std::set<std::string> seen_;
+};
+
+#define KILN_TRY(expr)                         \
+  do {                                         \
+    if (auto kiln_err_ = (expr)) return kiln_err_; \
+  } while (0)
+
+std::optional<std::string> parse_sampling(const json& j, const std::string& path, SamplingConfig& s) {
+  if (!j.is_object()) return path + ": expected an object";
+  ObjectReader r(j, path);
+  KILN_TRY(r.number("temperature", s.temperature, 0.0, 10.0));
+  KILN_TRY(r.number("top_p", s.top_p, 0.0, 1.0));
+  KILN_TRY(r.integer("top_k", s.top_k, 0));
+  KILN_TRY(r.integer("seed", s.seed, 0));
+  return r.reject_unknown();
+}
+
+std::optional<std::string> parse_model(const json& j, const std::string& path, ModelConfig& m) {
+  if (!j.is_object()) return path + ": expected an object";
+  ObjectReader r(j, path);
+  KILN_TRY(r.string("name", m.name));
+  KILN_TRY(r.string("path", m.path));
+  if (m.name.empty()) return r.field("name") + ": required, a non-empty string";
+  if (m.path.empty()) return r.field("path") + ": required, a model directory";
+  KILN_TRY(r.integer("threads", m.threads, 0));
+  KILN_TRY(r.bytes("kv_budget", m.kv_budget_bytes));
+  KILN_TRY(r.integer("max_sessions", m.max_sessions, 1));
+  if (r.has("sampling")) KILN_TRY(parse_sampling(r.at("sampling"), r.field("sampling"), m.sampling));
+  return r.reject_unknown();
+}
+
+std::optional<std::string> parse_limits(const json& j, const std::string& path, LimitsConfig& l) {
+  if (!j.is_object()) return path + ": expected an object";
+  ObjectReader r(j, path);
+  KILN_TRY(r.integer("steps", l.steps, 1));
+  KILN_TRY(r.integer("tokens", l.tokens, 1));
+  KILN_TRY(r.integer("wall_seconds", l.wall_seconds, 1));
+  return r.reject_unknown();
+}
+
+}  // namespace
+
+std::optional<std::string> parse_config_json(const std::string& text, ServerConfig& c) {
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return "not valid JSON";
+  if (!doc.is_object()) return "expected a JSON object at the top level";
+  ObjectReader r(doc, "");
+  std::string listen;
+  KILN_TRY(r.string("listen", listen));
+  if (!listen.empty()) {
+    std::string err;
+    if (!parse_listen_address(listen, c.listen, err)) return "listen: " + err;
+  }
+  KILN_TRY(r.string("db", c.db_path));
+  KILN_TRY(r.string("token", c.token));
+  KILN_TRY(r.string("var_dir", c.var_dir));
+  KILN_TRY(r.integer("workers", c.workers, 0));
+  KILN_TRY(r.integer("io_threads", c.io_threads, 1));
+  KILN_TRY(r.bytes("max_body_bytes", c.max_body_bytes));
+  KILN_TRY(r.bytes("sse_buffer_bytes", c.sse_buffer_bytes));
+  KILN_TRY(r.integer("sse_ping_seconds", c.sse_ping_seconds, 1));
+  KILN_TRY(r.string("default_model", c.default_model));
+  if (r.has("limits")) KILN_TRY(parse_limits(r.at("limits"), "limits", c.limits));
+  if (r.has("models")) {
+    const json& models = r.at("models");
+    if (!models.is_array()) return "models: expected an array";
+    c.models.clear();
+    std::set<std::string> names;
+    for (size_t i = 0; i < models.size(); ++i) {
+      std::string path = "models[" + std::to_string(i) + "]";
+      ModelConfig m;
+      KILN_TRY(parse_model(models[i], path, m));
+      if (!names.insert(m.name).second) return path + ".name: duplicate model name '" + m.name + "'";
+      c.models.push_back(std::move(m));
+    }
+  }
+  KILN_TRY(r.reject_unknown());
+  if (!c.default_model.empty()) {
+    bool found = false;
+    for (const ModelConfig& m : c.models) found = found || m.name == c.default_model;
+    if (!found) return "default_model: '" + c.default_model + "' is not one of models[].name";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> load_config_file(const std::string& path, ServerConfig& config) {
+  std::ifstream in(path);
+  if (!in) return "cannot read config file '" + path + "'";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (auto err = parse_config_json(ss.str(), config)) return path + ": " + *err;
+  return std::nullopt;
+}
+
+std::string effective_default_model(const ServerConfig& config) {
+  if (!config.default_model.empty()) return config.default_model;
+  return config.models.empty() ? std::string() : config.models.front().name;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,300 @@
+// The real server on an ephemeral loopback port over a real SQLite file: streams, reconnects,
+// concurrency, errors on the wire, slow clients, shutdown. The test plays the worker through the
+// store API (claim, append events, finish).
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "server/event_hub.h"
+#include "server/http_metrics.h"
+#include "test_server.h"
+
+namespace kiln::server {
+namespace {
+
+using nlohmann::json;
+using testing::ServerFixture;
+using testing::TempDir;
+
+// A plain blocking socket with a receive timeout, for tests that need raw bytes.
+class RawSocket {
+ public:
+  RawSocket(uint16_t port, int rcvbuf = 0) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawSocket() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  void send_all(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<size_t>(n);
+    }
+  }
+  // Reads until `needle` appears (true) or EOF/timeout (false).
+  bool read_until(const std::string& needle, std::string& got) {
+    char buf[4096];
+    while (got.find(needle) == std::string::npos) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  // True when the peer closed the connection (reads drain data until EOF).
+  bool closed_by_peer() {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+// Plays a worker: claims the build, appends `events` log events, finishes it succeeded.
+void run_fake_worker(store::Store& s, int64_t id, int events, std::chrono::milliseconds gap) {
+  int attempt = testing::claim_build(s, id);
+  ASSERT_GT(attempt, 0);
+  for (int i = 0; i < events; ++i) {
+    ASSERT_TRUE(s.append_event(id, attempt, "log", json{{"text", "step " + std::to_string(i)}}.dump()).ok());
+    std::this_thread::sleep_for(gap);
+  }
+  store::FinishRequest fin;
+  fin.status = store::BuildStatus::succeeded;
+  fin.reason = store::OutcomeReason::no_verify;
+  ASSERT_TRUE(s.finish(id, attempt, fin).ok());
+}
+
+std::vector<int64_t> all_seqs(store::Store& s, int64_t id) {
+  std::vector<int64_t> seqs;
+  auto events = s.read_events(id, 0, 10000);
+  EXPECT_TRUE(events.ok());
+  for (const store::Event& e : *events) seqs.push_back(e.seq);
+  return seqs;
+}
+
+int64_t submit(ServerFixture& f, const std::string& task) {
+  auto r = f.call("POST", "/v1/builds", json{{"repo", "/tmp/repo"}, {"task", task}}.dump());
+  EXPECT_EQ(r.status, 201) << r.body;
+  return f.json_of(r)["id"].get<int64_t>();
+}
+
+TEST(Server, SubmitThenFollowTheEventStreamToItsEnd) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  int64_t id = submit(f, "stream me");
+  std::thread worker(run_fake_worker, std::ref(f.store()), id, 20, std::chrono::milliseconds(5));
+  std::vector<int64_t> seqs;
+  std::string end_status;
+  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
+    if (m.event == "end") {
+      end_status = json::parse(m.data)["status"];
+      return StreamControl::stop;
+    }
+    EXPECT_TRUE(m.id.has_value());
+    EXPECT_EQ(json::parse(m.data)["seq"].get<int64_t>(), *m.id);
+    EXPECT_EQ(json::parse(m.data)["kind"].get<std::string>(), m.event);
+    seqs.push_back(*m.id);
+    return StreamControl::keep_going;
+  });
+  worker.join();
+  ASSERT_FALSE(err.has_value()) << *err;
+  EXPECT_EQ(end_status, "succeeded");
+  EXPECT_EQ(seqs, all_seqs(f.store(), id));  // every event, in order, once
+  EXPECT_GE(seqs.size(), 22u);                // 20 logs + the store's status events
+}
+
+TEST(Server, ReconnectWithLastEventIdHasNoGapAndNoDuplicate) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  int64_t id = submit(f, "reconnect");
+  std::thread worker(run_fake_worker, std::ref(f.store()), id, 60, std::chrono::milliseconds(3));
+  std::vector<int64_t> seqs;
+  bool ended = false;
+  int connections = 0;
+  std::string target = "/v1/builds/" + std::to_string(id) + "/events";
+  while (!ended && connections < 50) {
+    ++connections;
+    int taken = 0;
+    int64_t last = seqs.empty() ? 0 : seqs.back();
+    auto err = f.client().stream(target, last, [&](const SseMessage& m) {
+      if (m.event == "end") {
+        ended = true;
+        return StreamControl::stop;
+      }
+      seqs.push_back(*m.id);
+      return ++taken == 7 ? StreamControl::stop : StreamControl::keep_going;  // drop mid-stream
+    });
+    ASSERT_FALSE(err.has_value()) << *err;
+  }
+  worker.join();
+  ASSERT_TRUE(ended);
+  EXPECT_GT(connections, 3);
+  EXPECT_EQ(seqs, all_seqs(f.store(), id));
+}
+
+TEST(Server, TwoHundredConcurrentSubmissionsAllLand) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  std::atomic<int> created{0};
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::set<int64_t> ids;
+  for (int t = 0; t < 20; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        ClientResponse r;
+        std::string body = json{{"repo", "/tmp/repo"}, {"task", "t" + std::to_string(t) + "-" + std::to_string(i)}}.dump();
+        if (f.client().request("POST", "/v1/builds", body, r)) continue;
+        if (r.status != 201) continue;
+        ++created;
+        std::lock_guard lock(mu);
+        ids.insert(json::parse(r.body)["id"].get<int64_t>());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(created.load(), 200);
+  EXPECT_EQ(ids.size(), 200u);
+  auto page = f.store().list({.limit = 1000});
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->builds.size(), 200u);
+  EXPECT_EQ(f.server().http_metrics().count("/v1/builds", 201), 200u);
+}
+
+TEST(Server, BadRequestsOnTheWireGetJsonErrors) {
+  TempDir dir;
+  ServerConfig config = testing::test_config(dir);
+  config.max_body_bytes = 4096;
+  ServerFixture f(config);
+  auto check = [&](const ClientResponse& r, int status, const char* field) {
+    EXPECT_EQ(r.status, status) << r.body;
+    json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["field"], field) << r.body;
+  };
+  check(f.call("POST", "/v1/builds", "{\"repo\": "), 400, "body");
+  check(f.call("POST", "/v1/builds", R"({"repo":"r","task":7})"), 400, "task");
+  check(f.call("POST", "/v1/builds", R"({"repo":"r","task":"x","extra":1})"), 400, "extra");
+  check(f.call("POST", "/v1/builds", std::string(10000, ' ')), 413, "body");
+  check(f.call("GET", "/v1/unknown"), 404, "path");
+  check(f.call("GET", "/v1/builds/..%2f..%2fetc%2fpasswd"), 400, "id");
+  check(f.call("GET", "/v1/builds/1/../../../etc/passwd"), 400, "path");
+  EXPECT_EQ(f.call("GET", "/healthz").status, 200);  // still serving
+}
+
+TEST(Server, KeepAliveServesSeveralRequestsOnOneConnection) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  RawSocket sock(f.server().port());
+  ASSERT_TRUE(sock.connected());
+  std::string got;
+  sock.send_all("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/builds HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(sock.read_until("\"builds\"", got)) << got;
+  EXPECT_NE(got.find("{\"status\":\"ok\"}"), std::string::npos);
+  sock.send_all("GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_TRUE(sock.read_until("no route", got));
+  EXPECT_TRUE(sock.closed_by_peer());
+}
+
+TEST(Server, IdleStreamsGetPingsAndSlowClientsAreDropped) {
+  TempDir dir;
+  ServerConfig config = testing::test_config(dir);
+  config.sse_ping_seconds = 1;
+  config.sse_buffer_bytes = 64 * 1024;
+  ServerFixture f(config);
+  int64_t id = submit(f, "slow client");
+  std::string request = "GET /v1/builds/" + std::to_string(id) +
+                        "/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n";
+  RawSocket pinged(f.server().port());
+  pinged.send_all(request);
+  std::string got;
+  ASSERT_TRUE(pinged.read_until(": ping\n\n", got)) << got;
+  EXPECT_NE(got.find("Content-Type: text/event-stream"), std::string::npos);
+
+  RawSocket slow(f.server().port(), /*rcvbuf=*/4096);
+  slow.send_all(request);  // and never read
+  int attempt = testing::claim_build(f.store(), id);
+  std::string big = json{{"text", std::string(32 * 1024, 'x')}}.dump();
+  for (int i = 0; i < 600 && f.server().hub().dropped_count() == 0; ++i) {
+    ASSERT_TRUE(f.store().append_event(id, attempt, "log", big).ok());
+  }
+  for (int i = 0; i < 100 && f.server().hub().dropped_count() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(f.server().hub().dropped_count(), 1u);
+  EXPECT_TRUE(slow.closed_by_peer());
+  EXPECT_EQ(f.call("GET", "/healthz").status, 200);  // the server is fine
+}
+
+TEST(Server, StopClosesStreamsAndReturns) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  int64_t id = submit(f, "never finishes");
+  std::atomic<bool> returned{false};
+  std::thread reader([&] {
+    auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0,
+                                 [](const SseMessage&) { return StreamControl::keep_going; });
+    returned = true;
+  });
+  for (int i = 0; i < 100 && f.server().hub().subscriber_count() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(f.server().hub().subscriber_count(), 1u);
+  auto t0 = std::chrono::steady_clock::now();
+  f.server().stop();
+  reader.join();
+  EXPECT_TRUE(returned.load());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+}
+
+TEST(Server, RefusesNonLoopbackWithoutToken) {
+  TempDir dir;
+  ServerConfig config = testing::test_config(dir);
+  config.listen.host = "0.0.0.0";
+  std::ostringstream log;
+  std::string error;
+  EXPECT_EQ(Server::start(config, log, error), nullptr);
+  EXPECT_NE(error.find("token"), std::string::npos) << error;
+}
+
+TEST(Server, TokenIsRequiredOnTheWireWhenConfigured) {
+  TempDir dir;
+  ServerConfig config = testing::test_config(dir);
+  config.token = "tok-123";
+  ServerFixture f(config);  // its client sends the token
+  EXPECT_EQ(f.call("GET", "/v1/builds").status, 200);
+  ServerUrl url;
+  url.port = std::to_string(f.server().port());
+  Client anonymous(url, "");
+  ClientResponse r;
+  ASSERT_FALSE(anonymous.request("GET", "/v1/builds", "", r).has_value());
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(f.server().http_metrics().count("unauthorized", 401), 1u);
+}
+
+}  // namespace
+}  // namespace kiln::server
