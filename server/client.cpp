@@ -182,8 +182,8 @@ std::string format_event_line(const nlohmann::json& event) {
   if (kind == "tool_call" && p.is_object()) {
     line += " " + p.value("name", p.value("tool", std::string("?")));
     if (p.contains("arguments")) line += " " + (p["arguments"].is_string() ? p["arguments"].get<std::string>() : p["arguments"].dump());
-  } else if (kind == "status" && p.is_object()) {
-    line += " " + p.value("status", std::string("?"));
+  } else if (kind == "status" && p.is_object() && (p.contains("status") || p.contains("phase"))) {
+    line += " " + (p.contains("status") ? p.value("status", std::string("?")) : "phase " + p.value("phase", std::string("?")));
     if (p.contains("reason") && p["reason"].is_string()) line += " (" + p["reason"].get<std::string>() + ")";
   } else {
     std::string text = text_of(p);

@@ -8,6 +8,7 @@
 
 #include "server/cli/commands.h"
 #include "server/config.h"
+#include "server/demo_model.h"
 #include "server/server.h"
 
 namespace kiln::cli {
@@ -59,6 +60,13 @@ void add_serve_command(CLI::App& app, Context& ctx) {
       config.token = o->token;
     } else if (const char* env = std::getenv("KILN_TOKEN"); env != nullptr && config.token.empty()) {
       config.token = env;
+    }
+    if (config.models.empty()) {
+      if (auto err = server::add_demo_model(config, ctx.err)) {
+        ctx.err << "kiln serve: " << *err << "\n";
+        ctx.exit_code = 1;
+        return;
+      }
     }
     std::string error;
     std::unique_ptr<server::Server> srv = server::Server::start(config, ctx.err, error);
