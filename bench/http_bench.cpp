@@ -102,10 +102,16 @@ FanoutResult bench_fanout(kiln::server::Server& server, int watchers, int events
   spec.repo = "/tmp/bench-repo";
   spec.task = "fan-out bench";
   spec.model = "bench-model";
+  spec.priority = 100;  // claimed before the GET benchmark's build, which stays queued
   int64_t id = store.submit(spec).value().id;
   kiln::store::ClaimRequest claim;
   claim.owner = "bench";
-  int attempt = store.claim(claim).value()->attempt;
+  auto claimed = store.claim(claim);
+  if (!claimed.ok() || !claimed.value() || claimed.value()->id != id) {
+    std::fprintf(stderr, "http_bench: could not claim the fan-out build\n");
+    std::exit(1);
+  }
+  int attempt = claimed.value()->attempt;
 
   kiln::server::ServerUrl url;
   url.port = std::to_string(server.port());
@@ -137,11 +143,20 @@ FanoutResult bench_fanout(kiln::server::Server& server, int watchers, int events
   }
   auto t0 = Clock::now();
   std::string payload = nlohmann::json{{"text", std::string(200, 'x')}}.dump();
-  for (int i = 0; i < events; ++i) (void)store.append_event(id, attempt, "model_text", payload);
+  for (int i = 0; i < events; ++i) {
+    auto appended = store.append_event(id, attempt, "model_text", payload);
+    if (!appended.ok()) {
+      std::fprintf(stderr, "http_bench: append failed: %s\n", appended.error().message.c_str());
+      std::exit(1);
+    }
+  }
   kiln::store::FinishRequest fin;
   fin.status = kiln::store::BuildStatus::succeeded;
   fin.reason = kiln::store::OutcomeReason::no_verify;
-  (void)store.finish(id, attempt, fin);
+  if (!store.finish(id, attempt, fin).ok()) {
+    std::fprintf(stderr, "http_bench: finish failed\n");
+    std::exit(1);
+  }
   FanoutResult r;
   r.append_seconds = seconds_since(t0);
   for (auto& th : pool) th.join();

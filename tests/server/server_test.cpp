@@ -179,7 +179,9 @@ TEST(Server, TwoHundredConcurrentSubmissionsAllLand) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(created.load(), 200);
   EXPECT_EQ(ids.size(), 200u);
-  auto page = f.store().list({.limit = 1000});
+  store::ListQuery query;
+  query.limit = 1000;
+  auto page = f.store().list(query);
   ASSERT_TRUE(page.ok());
   EXPECT_EQ(page->builds.size(), 200u);
   EXPECT_EQ(f.server().http_metrics().count("/v1/builds", 201), 200u);
