@@ -6,6 +6,10 @@
 #include <atomic>
 #include <mutex>
 
+namespace kiln::store {
+std::string_view sqlite_version() { return sqlite3_libversion(); }
+}  // namespace kiln::store
+
 namespace kiln::store::detail {
 namespace {
 

@@ -93,6 +93,11 @@ Store::~Store() { stop_waiting(); }
 
 Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
   if (options.path.empty()) return Error{ErrorCode::invalid_argument, "database path is empty", "path"};
+  if (options.path == ":memory:" || options.path.rfind("file:", 0) == 0) {
+    // The writer and the pooled readers are separate connections: they must share a file.
+    return Error{ErrorCode::invalid_argument,
+                 "database path must be a file path (not :memory: or a file: URI): " + options.path, "path"};
+  }
   if (options.max_attempts < 1) {
     return Error{ErrorCode::invalid_argument, "max_attempts must be at least 1", "max_attempts"};
   }
@@ -102,7 +107,7 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path parent = fs::path(options.path).parent_path();
-  if (!parent.empty() && options.path != ":memory:") {
+  if (!parent.empty()) {
     fs::create_directories(parent, ec);
     if (ec) {
       return Error{ErrorCode::io,

@@ -306,6 +306,9 @@ double mcnemar_exact_p(int64_t b, int64_t c);
 // Stable hex key of repo + ref + task + verify (what "the same task" means for comparisons).
 std::string task_key(const BuildSpec& spec);
 
+// The SQLite library version in use, e.g. "3.40.1" (for logs and benchmarks).
+std::string_view sqlite_version();
+
 // JSON text for API layers (field names as in the structs; enums as their to_string names).
 std::string to_json(const Build& build);
 std::string to_json(const Event& event);

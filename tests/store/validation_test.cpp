@@ -61,6 +61,9 @@ TEST(StoreValidation, BadClaimAndOpenOptionsNameTheField) {
   bad.path = dir.file("other.db");
   bad.max_attempts = 0;
   EXPECT_EQ(Store::open(bad).error().field, "max_attempts");
+  bad.max_attempts = 3;
+  bad.path = ":memory:";
+  EXPECT_EQ(Store::open(bad).error().field, "path");
 }
 
 TEST(StoreValidation, EnumNamesRoundTrip) {
