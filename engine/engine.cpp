@@ -26,6 +26,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineO
                       std::to_string(options.max_sessions) + " sessions' fixed state of " +
                       std::to_string(m->plan_.state_bytes_per_session) + " bytes each");
   m->pool_ = std::make_unique<ThreadPool>(options.threads);
+  if (options.weights) {
+    WeightLoadOptions wo{*options.weights, options.quantize_lm_head, options.weight_cache, options.progress};
+    auto stored = StoredWeights::apply(m->weights_, *m->checkpoint_, dir, wo, m->pool_.get());
+    if (!stored) return make_error(stored.error());
+    m->stored_ = std::move(stored).value();
+  }
   KvLayout layout{m->config_.n_full_layers(), m->config_.kv_dim(), options.cache_dtype, options.page_tokens};
   m->kv_pool_ = std::make_unique<KvPool>(layout, std::max<int64_t>(m->plan_.pages, 1));
   m->network_ = std::make_unique<Qwen35Model>(m->config_, m->weights_, m->pool_.get());

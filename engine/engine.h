@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "engine/sampling.h"
 #include "engine/status.h"
 #include "engine/weights/safetensors.h"
+#include "engine/weights/quantized_weights.h"
 #include "engine/weights/tensor_names.h"
 
 namespace kiln::engine {
@@ -38,6 +40,13 @@ struct EngineOptions {
   int max_sessions = 16;
   CacheDtype cache_dtype = CacheDtype::f32;    // f32: exact; bf16: the released models' dtype, 2× tokens
   int64_t page_tokens = 16;
+  // Weight storage (engine/weights/quantized_weights.h): nullopt keeps the checkpoint's dtype
+  // (exact; what `kiln engine logits` and the golden tests use); bf16/q8/q4 convert the large
+  // matrices at load and cache them next to the model.
+  std::optional<cpu::WeightFormat> weights;
+  bool quantize_lm_head = true;
+  bool weight_cache = true;
+  bool progress = false;  // progress bar on stderr while quantizing
 };
 
 class Session;
@@ -54,6 +63,9 @@ class Model {
   const std::string& dir() const { return dir_; }
   const Qwen35Model& network() const { return *network_; }
   KvPool& kv_pool() const { return *kv_pool_; }
+  // The converted weights' storage; nullptr when the weights are used as stored.
+  const StoredWeights* stored_weights() const { return stored_.get(); }
+  ThreadPool& thread_pool() const { return *pool_; }
 
   // A new empty session; fails when max_sessions are open.
   Result<std::unique_ptr<Session>> open_session();
@@ -68,6 +80,7 @@ class Model {
   ModelWeights weights_;
   CapacityPlan plan_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<StoredWeights> stored_;  // declared after checkpoint_: views may point into either
   std::unique_ptr<KvPool> kv_pool_;
   std::unique_ptr<Qwen35Model> network_;
   std::atomic<int> open_sessions_{0};

@@ -22,7 +22,7 @@ struct Matrix {
   Dtype dtype = Dtype::f32;
   int64_t rows = 0, cols = 0;
   const uint8_t* row_ptr(int64_t r) const {
-    return static_cast<const uint8_t*>(data) + size_t(r) * size_t(cols) * dtype_size(dtype);
+    return static_cast<const uint8_t*>(data) + size_t(r) * dtype_row_bytes(dtype, cols);
   }
   Matrix row_slice(int64_t first, int64_t n) const { return Matrix{row_ptr(first), dtype, n, cols}; }
 };
@@ -32,6 +32,17 @@ namespace ops {
 // y[T][N] = x[T][K] · Wᵀ, W = [N][K] (HF Linear). Accumulates in f32.
 void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float* y);
 void matmul_ref(const float* x, int64_t T, const Matrix& w, float* y);
+
+// Several independent products y_i[T_i][N_i] = x_i · W_iᵀ in one parallel section: a decode
+// step's expert FFNs (or q/k/v) are each too small to be worth a fork/join of their own.
+// Same results as calling matmul on each job.
+struct MatmulJob {
+  const Matrix* w = nullptr;
+  const float* x = nullptr;
+  int64_t T = 0;
+  float* y = nullptr;
+};
+void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs);
 
 // RMSNorm over rows of n: y = x / sqrt(mean(x²)+eps) · (1+w) if zero_centred, else · w.
 // y may alias x.

@@ -1,10 +1,13 @@
 // Fast paths for matmul and attention: multithreaded over output rows / heads, weights read once
-// per call (each 4-row tile of W is widened to f32 once and reused for all T tokens, so T > 1 is a
-// matrix-matrix product). Twins: matmul_ref, attention_ref in ops_ref.cpp.
+// per call. bf16/q8/q4 weights run the SIMD kernels of engine/cpu/matmul.h (tiled over tokens
+// for T > 1); f32/f16 tiles of W are (widened to f32 once and) reused for all T tokens.
+// Twins: matmul_ref, attention_ref in ops_ref.cpp.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
+#include "engine/cpu/matmul.h"
 #include "engine/ops.h"
 
 namespace kiln::engine::ops {
@@ -34,14 +37,15 @@ inline float dot(const float* x, const float* w, int64_t K) {
   return s;
 }
 
-}  // namespace
-
-void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float* y) {
+// bf16, q8 and q4 weights go to the kernel tables of engine/cpu/matmul.h (SIMD chosen by
+// CPUID; activations quantized to int16 once per call for q8/q4); f32 and f16 take this
+// widening path.
+void matmul_widening(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float* y) {
   const int64_t N = w.rows, K = w.cols;
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   auto work = [&](int64_t b, int64_t e) {
     thread_local std::vector<float> buf;
-    if (w.dtype != Dtype::f32) buf.resize(size_t(kTileRows * K));
+    buf.resize(size_t(kTileRows * K));
     for (int64_t tile = b; tile < e; ++tile) {
       const int64_t r0 = tile * kTileRows, nr = std::min(kTileRows, N - r0);
       const float* wt;
@@ -62,8 +66,88 @@ void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float*
       }
     }
   };
-  // Grain: enough rows that a chunk is worth a hand-off (~64K multiply-adds).
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K * T * kTileRows));
+  if (pool) pool->parallel_for(tiles, grain, work);
+  else work(0, tiles);
+}
+
+// f32 weights (test checkpoints) keep the sequential-sum widening path: the prefill/decode
+// consistency margins of tests/engine/consistency_test.cpp were measured with its rounding, and
+// no served model stores f32 matrices. The f32 kernels stay tested in kernel_matmul_test.cpp.
+std::optional<cpu::WeightFormat> kernel_format(Dtype d) {
+  switch (d) {
+    case Dtype::bf16: return cpu::WeightFormat::bf16;
+    case Dtype::q8: return cpu::WeightFormat::q8;
+    case Dtype::q4: return cpu::WeightFormat::q4;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float* y) {
+  const auto format = kernel_format(w.dtype);
+  if (!format) return matmul_widening(pool, x, T, w, y);
+  const cpu::KernelTable& kt = cpu::kernels_best();
+  const cpu::WeightMatrix wm{*format, w.rows, w.cols, static_cast<const uint8_t*>(w.data)};
+  // Owned by the calling thread; grows to the largest input once, then is reused (no allocation
+  // per call in steady state).
+  thread_local cpu::ActQ16Buffer acts;
+  const cpu::MatmulInput in = cpu::prepare_input(kt, *format, x, T, w.cols, acts);
+  const cpu::MatmulFn fn = kt.matmul[int(*format)];
+  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
+  auto work = [&](int64_t b, int64_t e) {
+    fn(wm, in, y, w.rows, b * kTileRows, std::min(w.rows, e * kTileRows));
+  };
+  // Grain: enough rows that a chunk is worth a hand-off (~64K multiply-adds).
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, w.cols * T * kTileRows));
+  if (pool) pool->parallel_for(tiles, grain, work);
+  else work(0, tiles);
+}
+
+void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
+  const cpu::KernelTable& kt = cpu::kernels_best();
+  // Per calling thread, reused: one activation buffer per job, prefix sums of row tiles.
+  // (The workers must see the caller's instances: named through references, never directly.)
+  thread_local std::vector<cpu::ActQ16Buffer> acts_tls;
+  thread_local std::vector<cpu::MatmulInput> inputs_tls;
+  thread_local std::vector<int64_t> first_tile_tls;
+  std::vector<cpu::ActQ16Buffer>& acts = acts_tls;
+  std::vector<cpu::MatmulInput>& inputs = inputs_tls;
+  std::vector<int64_t>& first_tile = first_tile_tls;
+  if (int(acts.size()) < n_jobs) acts.resize(size_t(n_jobs));
+  inputs.assign(size_t(n_jobs), {});
+  first_tile.assign(size_t(n_jobs) + 1, 0);
+  int64_t macs = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    const MatmulJob& j = jobs[i];
+    if (!kernel_format(j.w->dtype)) {  // f32/f16: no grouped kernel, run it on its own
+      matmul(pool, j.x, j.T, *j.w, j.y);
+      first_tile[size_t(i) + 1] = first_tile[size_t(i)];
+      continue;
+    }
+    inputs[size_t(i)] = cpu::prepare_input(kt, *kernel_format(j.w->dtype), j.x, j.T, j.w->cols, acts[size_t(i)]);
+    first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.w->rows + kTileRows - 1) / kTileRows;
+    macs += j.w->rows * j.w->cols * j.T;
+  }
+  const int64_t tiles = first_tile[size_t(n_jobs)];
+  if (tiles == 0) return;
+  auto work = [&](int64_t b, int64_t e) {
+    // Jobs are contiguous in tile space; walk from the one holding tile b.
+    int i = int(std::upper_bound(first_tile.begin(), first_tile.end(), b) - first_tile.begin()) - 1;
+    for (int64_t t = b; t < e; ++i) {
+      const int64_t job_end = std::min(e, first_tile[size_t(i) + 1]);
+      if (job_end <= t) continue;
+      const MatmulJob& j = jobs[i];
+      const cpu::WeightFormat f = *kernel_format(j.w->dtype);
+      const cpu::WeightMatrix wm{f, j.w->rows, j.w->cols, static_cast<const uint8_t*>(j.w->data)};
+      const int64_t r0 = (t - first_tile[size_t(i)]) * kTileRows;
+      const int64_t r1 = std::min(j.w->rows, (job_end - first_tile[size_t(i)]) * kTileRows);
+      kt.matmul[int(f)](wm, inputs[size_t(i)], j.y, j.w->rows, r0, r1);
+      t = job_end;
+    }
+  };
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, macs / tiles));
   if (pool) pool->parallel_for(tiles, grain, work);
   else work(0, tiles);
 }

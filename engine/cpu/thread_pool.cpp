@@ -13,10 +13,20 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    published_.store(++generation_, std::memory_order_release);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
+
+namespace {
+constexpr int kSpinIterations = 20000;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
 
 void ThreadPool::run_chunks() {
   for (;;) {
@@ -29,6 +39,7 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    for (int i = 0; i < kSpinIterations && published_.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -36,9 +47,9 @@ void ThreadPool::worker_loop() {
       seen = generation_;
     }
     run_chunks();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_.notify_all();
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's predicate check
+      done_.notify_all();
     }
   }
 }
@@ -59,14 +70,15 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     n_ = n;
     chunk_ = chunk;
     next_.store(0);
-    active_ = int(workers_.size());  // every worker checks in once per job
-    ++generation_;
+    active_.store(int(workers_.size()));  // every worker checks in once per job
+    published_.store(++generation_, std::memory_order_release);
   }
   wake_.notify_all();
   run_chunks();
-  std::unique_lock<std::mutex> lock(mu_);
   // Wait until every worker has seen this job and left it, so none reads it late.
-  done_.wait(lock, [&] { return active_ == 0; });
+  for (int i = 0; i < kSpinIterations && active_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return active_.load(std::memory_order_acquire) == 0; });
   job_ = nullptr;
 }
 

@@ -50,9 +50,8 @@ void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const flo
   const int64_t kv_dim = c_.kv_dim(), n_kv = st.n_past + T;
   Buf qg(static_cast<size_t>(T * Hq * 2 * D)), q(size_t(T * Hq * D)), gate(size_t(T * Hq * D)), k(size_t(T * kv_dim)),
       v(size_t(T * kv_dim));
-  ops::matmul(pool_, a, T, w.q_proj, qg.data());
-  ops::matmul(pool_, a, T, w.k_proj, k.data());
-  ops::matmul(pool_, a, T, w.v_proj, v.data());
+  const ops::MatmulJob qkv[] = {{&w.q_proj, a, T, qg.data()}, {&w.k_proj, a, T, k.data()}, {&w.v_proj, a, T, v.data()}};
+  ops::matmul_group(pool_, qkv, 3);
   for (int64_t th = 0; th < T * Hq; ++th) {
     std::copy_n(&qg[size_t(th * 2 * D)], D, &q[size_t(th * D)]);
     std::copy_n(&qg[size_t(th * 2 * D + D)], D, &gate[size_t(th * D)]);
@@ -76,10 +75,11 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, const float* a, int6
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim;
   const int64_t C = c_.conv_dim(), key_dim = c_.key_dim(), value_dim = c_.value_dim();
   Buf c(static_cast<size_t>(T * C)), ch(size_t(T * C)), z(size_t(T * value_dim)), b(size_t(T * Hv)), alpha(size_t(T * Hv));
-  ops::matmul(pool_, a, T, w.in_proj_qkv, c.data());
-  ops::matmul(pool_, a, T, w.in_proj_z, z.data());
-  ops::matmul(pool_, a, T, w.in_proj_b, b.data());
-  ops::matmul(pool_, a, T, w.in_proj_a, alpha.data());
+  const ops::MatmulJob in[] = {{&w.in_proj_qkv, a, T, c.data()},
+                               {&w.in_proj_z, a, T, z.data()},
+                               {&w.in_proj_b, a, T, b.data()},
+                               {&w.in_proj_a, a, T, alpha.data()}};
+  ops::matmul_group(pool_, in, 4);
   Buf conv_state(static_cast<size_t>((K - 1) * C));
   s.load_conv(dtype, conv_state.data());
   ops::conv1d_silu(c.data(), T, C, K, w.conv1d.data(), conv_state.data(), ch.data());
@@ -110,47 +110,92 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, const float* a, int6
 void Qwen35Model::mlp_block(const MlpWeights& w, const float* a, int64_t T, float* out) const {
   const int64_t I = w.gate_proj.rows;
   Buf g(static_cast<size_t>(T * I)), u(size_t(T * I));
-  ops::matmul(pool_, a, T, w.gate_proj, g.data());
-  ops::matmul(pool_, a, T, w.up_proj, u.data());
+  const ops::MatmulJob gate_up[] = {{&w.gate_proj, a, T, g.data()}, {&w.up_proj, a, T, u.data()}};
+  ops::matmul_group(pool_, gate_up, 2);
   ops::silu_mul(g.data(), I, u.data(), I, T, I, g.data());
   ops::matmul(pool_, g.data(), T, w.down_proj, out);
 }
 
 // MoE (§3.8): softmax router, top-k renormalised, SwiGLU experts run on the tokens routed to
-// them (gathered, so each expert is one matrix product), plus the σ-gated shared expert.
+// them (gathered, so each expert is one matrix product; unselected experts are never read), plus
+// the σ-gated shared expert. All gate/up products (routed, shared, shared gate) form one parallel
+// section and all down products a second: a decode step's experts are too small for a fork/join
+// each. Scratch is per thread and only grows, so decode allocates nothing here.
 void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, float* out) const {
   const int64_t H = c_.hidden_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
-  Buf router(static_cast<size_t>(T * E)), weights(size_t(T * k));
-  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  thread_local Buf router, weights, xa, gu, ya, s, sgu, sg;
+  thread_local std::vector<int32_t> ids, count, start, fill;
+  thread_local std::vector<ops::MatmulJob> jobs;
+  router.resize(size_t(T * E));
+  weights.resize(size_t(T * k));
+  ids.resize(size_t(T * k));
   ops::matmul(pool_, a, T, w.router, router.data());
   ops::moe_route(router.data(), T, E, k, ids.data(), weights.data());
-  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // expert → (token, weight)
-  for (int64_t t = 0; t < T; ++t)
-    for (int i = 0; i < k; ++i) routed[size_t(ids[size_t(t * k + i)])].push_back({t, weights[size_t(t * k + i)]});
-  std::fill(out, out + T * H, 0.0f);
-  Buf xa, ya;
-  for (int e = 0; e < E; ++e) {
-    const auto& list = routed[size_t(e)];
-    if (list.empty()) continue;
-    const int64_t n = int64_t(list.size());
-    xa.resize(size_t(n * H));
-    ya.resize(size_t(n * H));
-    for (int64_t r = 0; r < n; ++r) std::copy_n(a + list[size_t(r)].first * H, H, &xa[size_t(r * H)]);
-    mlp_block(w.experts[size_t(e)], xa.data(), n, ya.data());
-    for (int64_t r = 0; r < n; ++r) {
-      float* o = out + list[size_t(r)].first * H;
-      const float wt = list[size_t(r)].second;
-      for (int64_t i = 0; i < H; ++i) o[i] += wt * ya[size_t(r * H + i)];
-    }
+  // Counting sort of (token, slot) by expert: rows of expert e are [start[e], start[e]+count[e]).
+  count.assign(size_t(E), 0);
+  for (int64_t i = 0; i < T * k; ++i) ++count[size_t(ids[size_t(i)])];
+  start.assign(size_t(E) + 1, 0);
+  for (int e = 0; e < E; ++e) start[size_t(e) + 1] = start[size_t(e)] + count[size_t(e)];
+  fill.assign(start.begin(), start.end() - 1);
+  std::vector<int32_t>& slot_of_row = count;  // reuse: row → (token·k + slot)
+  slot_of_row.assign(size_t(T * k), 0);
+  for (int64_t i = 0; i < T * k; ++i) slot_of_row[size_t(fill[size_t(ids[size_t(i)])]++)] = int32_t(i);
+  const int64_t I = c_.moe_intermediate_size, R = T * k;
+  xa.resize(size_t(R * H));
+  gu.resize(size_t(R * 2 * I));
+  ya.resize(size_t(R * H));
+  for (int64_t r = 0; r < R; ++r) std::copy_n(a + (slot_of_row[size_t(r)] / k) * H, H, &xa[size_t(r * H)]);
+  const bool shared = w.has_shared_expert;
+  const int64_t SI = shared ? w.shared_expert.gate_proj.rows : 0;
+  if (shared) {
+    sgu.resize(size_t(T * 2 * SI));
+    s.resize(size_t(T * H));
+    sg.resize(size_t(T));
   }
-  if (!w.has_shared_expert) return;
-  Buf s(static_cast<size_t>(T * H)), sg(static_cast<size_t>(T));
-  mlp_block(w.shared_expert, a, T, s.data());
-  ops::matmul(pool_, a, T, w.shared_expert_gate, sg.data());
+  // Gate and up: outputs side by side per expert, [n_e][I] gate then [n_e][I] up.
+  jobs.clear();
+  for (int e = 0; e < E; ++e) {
+    const int64_t n = start[size_t(e) + 1] - start[size_t(e)];
+    if (n == 0) continue;
+    const float* x = &xa[size_t(start[size_t(e)] * H)];
+    float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
+    jobs.push_back({&w.experts[size_t(e)].gate_proj, x, n, g});
+    jobs.push_back({&w.experts[size_t(e)].up_proj, x, n, g + n * I});
+  }
+  if (shared) {
+    jobs.push_back({&w.shared_expert.gate_proj, a, T, sgu.data()});
+    jobs.push_back({&w.shared_expert.up_proj, a, T, sgu.data() + T * SI});
+    jobs.push_back({&w.shared_expert_gate, a, T, sg.data()});
+  }
+  ops::matmul_group(pool_, jobs.data(), int(jobs.size()));
+  jobs.clear();
+  for (int e = 0; e < E; ++e) {
+    const int64_t n = start[size_t(e) + 1] - start[size_t(e)];
+    if (n == 0) continue;
+    float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
+    ops::silu_mul(g, I, g + n * I, I, n, I, g);
+    jobs.push_back({&w.experts[size_t(e)].down_proj, g, n, &ya[size_t(start[size_t(e)] * H)]});
+  }
+  if (shared) {
+    ops::silu_mul(sgu.data(), SI, sgu.data() + T * SI, SI, T, SI, sgu.data());
+    jobs.push_back({&w.shared_expert.down_proj, sgu.data(), T, s.data()});
+  }
+  ops::matmul_group(pool_, jobs.data(), int(jobs.size()));
+  // Combine in (token, slot) order so the sum's rounding does not depend on the routing layout.
+  std::fill(out, out + T * H, 0.0f);
+  fill.assign(size_t(T * k), 0);
+  for (int64_t r = 0; r < R; ++r) fill[size_t(slot_of_row[size_t(r)])] = int32_t(r);
+  for (int64_t i = 0; i < T * k; ++i) {
+    float* o = out + (i / k) * H;
+    const float wt = weights[size_t(i)];
+    const float* y = &ya[size_t(fill[size_t(i)] * H)];
+    for (int64_t h = 0; h < H; ++h) o[h] += wt * y[h];
+  }
+  if (!shared) return;
   for (int64_t t = 0; t < T; ++t) {
     const float gt = ops::sigmoid(sg[size_t(t)]);
-    for (int64_t i = 0; i < H; ++i) out[t * H + i] += gt * s[size_t(t * H + i)];
+    for (int64_t h = 0; h < H; ++h) out[t * H + h] += gt * s[size_t(t * H + h)];
   }
 }
 

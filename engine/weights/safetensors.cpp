@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu/quant.h"
+
 namespace kiln::engine {
 
 const char* dtype_name(Dtype d) {
@@ -22,6 +24,8 @@ const char* dtype_name(Dtype d) {
     case Dtype::f32: return "F32";
     case Dtype::f16: return "F16";
     case Dtype::bf16: return "BF16";
+    case Dtype::q8: return "Q8";
+    case Dtype::q4: return "Q4";
     default: return "unsupported";
   }
 }
@@ -32,6 +36,11 @@ size_t dtype_size(Dtype d) {
     case Dtype::bf16: return 2;
     default: return 0;
   }
+}
+size_t dtype_row_bytes(Dtype d, int64_t cols) {
+  if (d == Dtype::q8) return cpu::row_bytes(cpu::WeightFormat::q8, cols);
+  if (d == Dtype::q4) return cpu::row_bytes(cpu::WeightFormat::q4, cols);
+  return size_t(cols) * dtype_size(d);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -67,6 +76,8 @@ void to_f32(Dtype dtype, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
       break;
     }
+    case Dtype::q8: cpu::dequantize_row_ref(cpu::WeightFormat::q8, static_cast<const uint8_t*>(src), dst, n); break;
+    case Dtype::q4: cpu::dequantize_row_ref(cpu::WeightFormat::q4, static_cast<const uint8_t*>(src), dst, n); break;
     default: std::fill(dst, dst + n, 0.0f);
   }
 }

@@ -14,10 +14,13 @@
 
 namespace kiln::engine {
 
-enum class Dtype { f32, f16, bf16, unsupported };
+// q8 and q4 are kiln's block formats (engine/cpu/quant.h): never read from a checkpoint, only made
+// by quantizing at load (engine/weights/quantized_weights.h). They have no per-element size.
+enum class Dtype { f32, f16, bf16, unsupported, q8, q4 };
 
 const char* dtype_name(Dtype d);
-size_t dtype_size(Dtype d);  // bytes per element; 0 for unsupported
+size_t dtype_size(Dtype d);  // bytes per element; 0 for unsupported and the block formats
+size_t dtype_row_bytes(Dtype d, int64_t cols);  // bytes of one matrix row, block formats included
 
 // RAII read-only mapping of a whole file.
 class MappedFile {
@@ -66,7 +69,8 @@ class Checkpoint {
   std::map<std::string, TensorInfo> tensors_;
 };
 
-// Converts one stored element range to f32 (any supported dtype).
+// Converts one stored element range to f32 (any supported dtype). For q8/q4, src must be the
+// start of a matrix row and n its full length.
 void to_f32(Dtype dtype, const void* src, float* dst, int64_t n);
 
 inline float bf16_to_f32(uint16_t v) {

@@ -1,0 +1,132 @@
+#include "engine/speed_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/cpu/bandwidth.h"
+#include "engine/engine.h"
+#include "engine/weights/quantized_weights.h"
+
+namespace kiln::engine {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int32_t argmax(std::span<const float> v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// GDN recurrent + conv state (read once per token) and the KV of the full layers at `n_ctx`.
+uint64_t state_bytes(const Model& m, int64_t n_ctx) {
+  const ModelConfig& c = m.config();
+  const uint64_t gdn = uint64_t(c.n_linear_layers()) *
+                       (uint64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4 +
+                        uint64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() * cache_dtype_size(m.options().cache_dtype));
+  const uint64_t kv = uint64_t(c.n_full_layers()) * uint64_t(n_ctx) * 2 * c.kv_dim() * cache_dtype_size(m.options().cache_dtype);
+  return gdn + kv;
+}
+
+}  // namespace
+
+Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
+  if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.runs < 1)
+    return make_error("bench: prompt tokens, gen tokens and runs must be at least 1");
+  EngineOptions eo;
+  eo.threads = o.threads;
+  eo.weights = o.weights;
+  eo.progress = o.progress;
+  eo.max_sessions = 1;
+  eo.kv_budget_bytes = int64_t(4) << 30;
+  const double t0 = now_s();
+  auto model = Model::load(o.model_dir, eo);
+  if (!model) return make_error(model.error());
+  Model& m = **model;
+  SpeedBenchReport r;
+  r.load_s = now_s() - t0;
+  r.threads = m.thread_pool().size();
+  r.prompt_tokens = o.prompt_tokens;
+  r.gen_tokens = o.gen_tokens;
+  r.weights = o.weights ? cpu::weight_format_name(*o.weights)
+                        : std::string("as stored (") + dtype_name(m.weights().lm_head.dtype) + ")";
+  if (o.prompt_tokens + o.gen_tokens > m.config().max_position_embeddings)
+    return make_error("bench: prompt + gen tokens exceed max_position_embeddings = " +
+                      std::to_string(m.config().max_position_embeddings));
+
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(m.config().vocab_size - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  for (auto& t : prompt) t = tok(rng);
+
+  std::vector<double> prefill, decode;
+  for (int run = 0; run < o.runs; ++run) {
+    auto session = m.open_session();
+    if (!session) return make_error(session.error());
+    Session& s = **session;
+    double a = now_s();
+    auto logits = s.append(prompt);
+    if (!logits) return make_error(logits.error());
+    prefill.push_back(double(o.prompt_tokens) / (now_s() - a));
+    a = now_s();
+    for (int64_t i = 0; i < o.gen_tokens; ++i) {
+      const int32_t next = argmax(s.last_logits());
+      auto step = s.append(std::span<const int32_t>(&next, 1));
+      if (!step) return make_error(step.error());
+    }
+    decode.push_back(double(o.gen_tokens) / (now_s() - a));
+  }
+  r.prefill_tok_s = median(prefill);
+  r.decode_tok_s = median(decode);
+  r.decode_runs_tok_s = decode;
+  r.weight_bytes_per_token = weight_bytes_per_token(m.weights(), m.config().num_experts_per_tok);
+  r.state_bytes_per_token = state_bytes(m, o.prompt_tokens + o.gen_tokens / 2);
+  r.bytes_per_token = r.weight_bytes_per_token + r.state_bytes_per_token;
+  r.achieved_gb_s = double(r.bytes_per_token) * r.decode_tok_s / 1e9;
+  r.measured_gb_s = cpu::measure_read_bandwidth(r.threads).gb_per_s;
+  r.bandwidth_fraction = r.measured_gb_s > 0 ? r.achieved_gb_s / r.measured_gb_s : 0;
+  return r;
+}
+
+std::string SpeedBenchReport::to_json() const {
+  nlohmann::json j{{"weights", weights},
+                   {"threads", threads},
+                   {"prompt_tokens", prompt_tokens},
+                   {"gen_tokens", gen_tokens},
+                   {"load_s", load_s},
+                   {"prefill_tok_s", prefill_tok_s},
+                   {"decode_tok_s", decode_tok_s},
+                   {"decode_runs_tok_s", decode_runs_tok_s},
+                   {"weight_bytes_per_token", weight_bytes_per_token},
+                   {"state_bytes_per_token", state_bytes_per_token},
+                   {"bytes_per_token", bytes_per_token},
+                   {"achieved_gb_s", achieved_gb_s},
+                   {"measured_gb_s", measured_gb_s},
+                   {"bandwidth_fraction", bandwidth_fraction}};
+  return j.dump();
+}
+
+std::string SpeedBenchReport::to_table() const {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "| weights | threads | prefill tok/s (%lld) | decode tok/s (%lld) | MB/token (weights+state) | "
+                "achieved GB/s | measured GB/s | of bandwidth |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|\n"
+                "| %s | %d | %.1f | %.1f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.0f%% |\n",
+                static_cast<long long>(prompt_tokens), static_cast<long long>(gen_tokens), weights.c_str(), threads,
+                prefill_tok_s, decode_tok_s, bytes_per_token / 1e6, weight_bytes_per_token / 1e6,
+                state_bytes_per_token / 1e6, achieved_gb_s, measured_gb_s, 100 * bandwidth_fraction);
+  return buf;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,48 @@
+// The engine's own speed measurement (`kiln engine bench`, bench/engine_speed_bench): prefill and
+// decode tokens/s of one model on this machine, bytes read per decoded token, and the achieved
+// bandwidth against the read bandwidth measured on the spot with the same thread count.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/quant.h"
+#include "engine/status.h"
+
+namespace kiln::engine {
+
+struct SpeedBenchOptions {
+  std::string model_dir;
+  std::optional<cpu::WeightFormat> weights = cpu::WeightFormat::q8;  // nullopt: as stored
+  int threads = 0;            // 0: all hardware threads
+  int64_t prompt_tokens = 512;
+  int64_t gen_tokens = 128;
+  int runs = 3;               // prefill and decode are each the median of this many runs
+  uint64_t seed = 1;          // prompt token ids are drawn from it
+  bool progress = false;      // quantization progress bar on stderr
+};
+
+struct SpeedBenchReport {
+  std::string weights;  // "q8", "as stored (BF16)", ...
+  int threads = 0;
+  int64_t prompt_tokens = 0, gen_tokens = 0;
+  double load_s = 0;
+  double prefill_tok_s = 0;             // median over runs
+  double decode_tok_s = 0;              // median over runs
+  std::vector<double> decode_runs_tok_s;
+  uint64_t weight_bytes_per_token = 0;  // matrices read per decoded token (top-k experts only)
+  uint64_t state_bytes_per_token = 0;   // GDN states + KV at the mean decode position
+  uint64_t bytes_per_token = 0;         // the sum
+  double achieved_gb_s = 0;             // bytes_per_token × decode_tok_s
+  double measured_gb_s = 0;             // read bandwidth, same thread count
+  double bandwidth_fraction = 0;
+
+  std::string to_json() const;   // one object with the keys above
+  std::string to_table() const;  // a markdown table
+};
+
+Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& options);
+
+}  // namespace kiln::engine
