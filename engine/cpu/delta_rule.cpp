@@ -14,97 +14,92 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/cpu/gemm_f64.h"
 #include "engine/ops.h"
 
 namespace kiln::engine::ops {
 
+// As matrix operations (cpu::gemm_f64, AVX2 when present): per chunk, the Gram matrices KKᵀ and
+// QKᵀ, the inverse of the unit lower-triangular (I+A) (n³/6 flops, n ≤ 64), U and W as products
+// with it, V' = U − W S₀, O = diag(e^Γ) Q S₀ + (QK ⊙ decay) V', S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V'.
 void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
   using Acc = double;
   const int r = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
   constexpr int C = kDeltaRuleChunk;
   auto head = [&](int64_t j0, int64_t j1) {
-    std::vector<Acc> G(C), A(C * C), QK(C * C), U(static_cast<size_t>(C) * dv), W(static_cast<size_t>(C) * dk),
-        Vp(static_cast<size_t>(C) * dv), S(static_cast<size_t>(dk) * dv), S0(static_cast<size_t>(dk) * dv),
-        o(static_cast<size_t>(dv));
+    std::vector<Acc> G(C), Kc(size_t(C) * dk), Qc(size_t(C) * dk), Kt(size_t(dk) * C), Vc(size_t(C) * dv),
+        KK(C * C), QK(C * C), Tinv(C * C), U(size_t(C) * dv), W(size_t(C) * dk), Vp(size_t(C) * dv),
+        O(size_t(C) * dv), S(size_t(dk) * dv);
     for (int64_t j = j0; j < j1; ++j) {
       float* state = a.state + j * dk * dv;
       std::copy(state, state + dk * dv, S.begin());
       const int64_t m = j / r;
       for (int64_t c0 = 0; c0 < a.T; c0 += C) {
         const int n = int(std::min<int64_t>(C, a.T - c0));
-        auto qrow = [&](int i) { return a.q + (c0 + i) * a.q_stride + m * dk; };
-        auto krow = [&](int i) { return a.k + (c0 + i) * a.k_stride + m * dk; };
-        auto vrow = [&](int i) { return a.v + (c0 + i) * a.v_stride + j * dv; };
-        auto beta = [&](int i) { return Acc(a.beta[(c0 + i) * a.Hv + j]); };
         Acc acc = 0;
-        for (int i = 0; i < n; ++i) G[size_t(i)] = (acc += a.g[(c0 + i) * a.Hv + j]);
+        for (int i = 0; i < n; ++i) {
+          G[size_t(i)] = (acc += a.g[(c0 + i) * a.Hv + j]);
+          const float* qi = a.q + (c0 + i) * a.q_stride + m * dk;
+          const float* ki = a.k + (c0 + i) * a.k_stride + m * dk;
+          const float* vi = a.v + (c0 + i) * a.v_stride + j * dv;
+          for (int d = 0; d < dk; ++d) {
+            Qc[size_t(i * dk + d)] = qi[d];
+            Kc[size_t(i * dk + d)] = ki[d];
+            Kt[size_t(d * n + i)] = ki[d];
+          }
+          for (int e = 0; e < dv; ++e) Vc[size_t(i * dv + e)] = vi[e];
+        }
+        auto beta = [&](int i) { return Acc(a.beta[(c0 + i) * a.Hv + j]); };
+        cpu::gemm_f64(n, n, dk, 1.0, Kc.data(), dk, Kt.data(), n, 0.0, KK.data(), n);
+        cpu::gemm_f64(n, n, dk, 1.0, Qc.data(), dk, Kt.data(), n, 0.0, QK.data(), n);
+        // A_il = β_i (k_i·k_l) e^{Γ_i−Γ_l} (l < i), kept in KK; QK masked to l ≤ i and decayed.
         for (int i = 0; i < n; ++i)
-          for (int l = 0; l <= i; ++l) {
-            Acc kk = 0, qk = 0;
-            const float *ki = krow(i), *kl = krow(l), *qi = qrow(i);
-            for (int d = 0; d < dk; ++d) kk += Acc(ki[d]) * kl[d], qk += Acc(qi[d]) * kl[d];
-            const Acc decay = std::exp(G[size_t(i)] - G[size_t(l)]);
-            A[size_t(i * C + l)] = beta(i) * kk * decay;
-            QK[size_t(i * C + l)] = qk * decay;
+          for (int l = 0; l < n; ++l) {
+            const Acc decay = l <= i ? std::exp(G[size_t(i)] - G[size_t(l)]) : 0.0;
+            KK[size_t(i * n + l)] = l < i ? beta(i) * KK[size_t(i * n + l)] * decay : 0.0;
+            QK[size_t(i * n + l)] *= decay;
           }
-        // Forward substitution: row i of U and W needs rows < i.
+        // Tinv = (I + A)⁻¹, unit lower triangular: row i from the rows above it.
         for (int i = 0; i < n; ++i) {
-          Acc* u = &U[size_t(i) * dv];
-          Acc* w = &W[size_t(i) * dk];
-          const Acc b = beta(i), bg = b * std::exp(G[size_t(i)]);
-          const float *vi = vrow(i), *ki = krow(i);
-          for (int d = 0; d < dv; ++d) u[d] = b * vi[d];
-          for (int d = 0; d < dk; ++d) w[d] = bg * ki[d];
+          Acc* t = &Tinv[size_t(i * n)];
+          std::fill(t, t + n, 0.0);
+          t[i] = 1.0;
           for (int l = 0; l < i; ++l) {
-            const Acc al = A[size_t(i * C + l)];
-            const Acc *ul = &U[size_t(l) * dv], *wl = &W[size_t(l) * dk];
-            for (int d = 0; d < dv; ++d) u[d] -= al * ul[d];
-            for (int d = 0; d < dk; ++d) w[d] -= al * wl[d];
+            const Acc al = KK[size_t(i * n + l)];
+            if (al == 0.0) continue;
+            const Acc* tl = &Tinv[size_t(l * n)];
+            for (int c = 0; c <= l; ++c) t[c] -= al * tl[c];
           }
         }
-        S0 = S;
+        // U = Tinv (β ⊙ V),  W = Tinv (β e^Γ ⊙ K): scale rows in place, then multiply.
+        for (int i = 0; i < n; ++i) {
+          const Acc b = beta(i), bg = b * std::exp(G[size_t(i)]);
+          for (int e = 0; e < dv; ++e) Vc[size_t(i * dv + e)] *= b;
+          for (int d = 0; d < dk; ++d) Kc[size_t(i * dk + d)] *= bg;
+        }
+        cpu::gemm_f64(n, dv, n, 1.0, Tinv.data(), n, Vc.data(), dv, 0.0, U.data(), dv);
+        cpu::gemm_f64(n, dk, n, 1.0, Tinv.data(), n, Kc.data(), dk, 0.0, W.data(), dk);
         // V' = U − W S₀
+        std::copy(U.begin(), U.begin() + size_t(n) * dv, Vp.begin());
+        cpu::gemm_f64(n, dv, dk, -1.0, W.data(), dk, S.data(), dv, 1.0, Vp.data(), dv);
+        // O = diag(e^Γ) Q S₀ + QK V'
         for (int i = 0; i < n; ++i) {
-          Acc* vp = &Vp[size_t(i) * dv];
-          std::copy(&U[size_t(i) * dv], &U[size_t(i) * dv] + dv, vp);
-          const Acc* w = &W[size_t(i) * dk];
-          for (int d = 0; d < dk; ++d) {
-            const Acc wd = w[d];
-            const Acc* s = &S0[size_t(d) * dv];
-            for (int e = 0; e < dv; ++e) vp[e] -= wd * s[e];
-          }
-        }
-        // O_i = e^{Γ_i} q_i S₀ + Σ_{l≤i} QK_il V'_l
-        for (int i = 0; i < n; ++i) {
-          std::fill(o.begin(), o.end(), 0.0);
-          const float* qi = qrow(i);
           const Acc eg = std::exp(G[size_t(i)]);
-          for (int d = 0; d < dk; ++d) {
-            const Acc qd = qi[d] * eg;
-            const Acc* s = &S0[size_t(d) * dv];
-            for (int e = 0; e < dv; ++e) o[size_t(e)] += qd * s[e];
-          }
-          for (int l = 0; l <= i; ++l) {
-            const Acc c = QK[size_t(i * C + l)];
-            const Acc* vp = &Vp[size_t(l) * dv];
-            for (int e = 0; e < dv; ++e) o[size_t(e)] += c * vp[e];
-          }
-          float* out = a.out + ((c0 + i) * a.Hv + j) * dv;
-          for (int e = 0; e < dv; ++e) out[e] = float(o[size_t(e)]);
+          for (int d = 0; d < dk; ++d) Qc[size_t(i * dk + d)] *= eg;
         }
-        // S = e^{Γ_n} S₀ + Σ_l e^{Γ_n−Γ_l} k_l ⊗ V'_l
-        const Acc gn = G[size_t(n - 1)], egn = std::exp(gn);
-        for (size_t i = 0; i < S.size(); ++i) S[i] = egn * S0[i];
+        cpu::gemm_f64(n, dv, dk, 1.0, Qc.data(), dk, S.data(), dv, 0.0, O.data(), dv);
+        cpu::gemm_f64(n, dv, n, 1.0, QK.data(), n, Vp.data(), dv, 1.0, O.data(), dv);
+        for (int i = 0; i < n; ++i) {
+          float* out = a.out + ((c0 + i) * a.Hv + j) * dv;
+          for (int e = 0; e < dv; ++e) out[e] = float(O[size_t(i * dv + e)]);
+        }
+        // S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V',  f_l = e^{Γ_n−Γ_l}
+        const Acc gn = G[size_t(n - 1)];
         for (int l = 0; l < n; ++l) {
           const Acc f = std::exp(gn - G[size_t(l)]);
-          const float* kl = krow(l);
-          const Acc* vp = &Vp[size_t(l) * dv];
-          for (int d = 0; d < dk; ++d) {
-            const Acc kd = kl[d] * f;
-            Acc* s = &S[size_t(d) * dv];
-            for (int e = 0; e < dv; ++e) s[e] += kd * vp[e];
-          }
+          for (int d = 0; d < dk; ++d) Kt[size_t(d * n + l)] *= f;
         }
+        cpu::gemm_f64(dk, dv, n, 1.0, Kt.data(), n, Vp.data(), dv, std::exp(gn), S.data(), dv);
       }
       for (size_t i = 0; i < S.size(); ++i) state[i] = float(S[i]);
     }

@@ -1,0 +1,71 @@
+#include "engine/cpu/gemm_f64.h"
+
+#include "engine/cpu/cpu_features.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kiln::engine::cpu {
+
+void gemm_f64_ref(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb,
+                  double beta, double* C, int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) s += A[i * lda + p] * B[p * ldb + j];
+      C[i * ldc + j] = (beta == 0 ? 0.0 : beta * C[i * ldc + j]) + alpha * s;
+    }
+}
+
+#if defined(__x86_64__)
+namespace {
+
+// R rows × 8 columns of C.
+template <int R>
+__attribute__((target("avx2,fma"))) inline void tile(int k, double alpha, const double* A, int lda, const double* B,
+                                                     int ldb, double beta, double* C, int ldc) {
+  __m256d acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_pd();
+  for (int p = 0; p < k; ++p) {
+    const __m256d b0 = _mm256_loadu_pd(B + p * ldb), b1 = _mm256_loadu_pd(B + p * ldb + 4);
+    for (int r = 0; r < R; ++r) {
+      const __m256d a = _mm256_broadcast_sd(A + r * lda + p);
+      acc[r][0] = _mm256_fmadd_pd(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_pd(a, b1, acc[r][1]);
+    }
+  }
+  const __m256d va = _mm256_set1_pd(alpha), vb = _mm256_set1_pd(beta);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      double* c = C + r * ldc + 4 * h;
+      __m256d v = _mm256_mul_pd(va, acc[r][h]);
+      if (beta != 0) v = _mm256_fmadd_pd(vb, _mm256_loadu_pd(c), v);
+      _mm256_storeu_pd(c, v);
+    }
+}
+
+__attribute__((target("avx2,fma"))) void gemm_f64_avx2(int m, int n, int k, double alpha, const double* A, int lda,
+                                                       const double* B, int ldb, double beta, double* C, int ldc) {
+  const int n8 = n / 8 * 8;
+  for (int j = 0; j < n8; j += 8) {
+    int i = 0;
+    for (; i + 4 <= m; i += 4) tile<4>(k, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
+    for (; i < m; ++i) tile<1>(k, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
+  }
+  if (n8 < n) gemm_f64_ref(m, n - n8, k, alpha, A, lda, B + n8, ldb, beta, C + n8, ldc);
+}
+
+}  // namespace
+#endif
+
+void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb, double beta,
+              double* C, int ldc) {
+#if defined(__x86_64__)
+  static const bool avx2 = cpu_features().has_avx2_set();
+  if (avx2) return gemm_f64_avx2(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+  gemm_f64_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace kiln::engine::cpu
