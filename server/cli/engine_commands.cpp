@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/make_tiny.h"
+#include "engine/speed_bench.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/cli/commands.h"
 
@@ -54,13 +56,25 @@ struct ModelArgs {
   std::string model;
   int threads = 0;
   std::string cache_dtype = "f32";
+  std::string weights = "stored";  // each verb sets its default before add_model_args
 };
+
+// --weights: stored (the checkpoint's dtype, exact) or bf16/q8/q4 converted at load and cached
+// next to the model (engine/weights/quantized_weights.h). q8 is the default for serving-like verbs
+// (generate, bench); logits and info stay exact unless told otherwise.
+std::optional<cpu::WeightFormat> weights_choice(const std::string& w) {
+  if (w == "stored") return std::nullopt;
+  return cpu::parse_weight_format(w);
+}
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
   sub->add_option("--threads", a.threads, "Worker threads (0: all cores)");
   sub->add_option("--cache-dtype", a.cache_dtype, "KV/conv cache dtype: f32 (exact) or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_option("--weights", a.weights, "Weight storage: stored (exact), bf16, q8 or q4")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"stored", "bf16", "q8", "q4"}));
 }
 
 Result<std::unique_ptr<Model>> load(const ModelArgs& a, int max_sessions = 2) {
@@ -69,6 +83,8 @@ Result<std::unique_ptr<Model>> load(const ModelArgs& a, int max_sessions = 2) {
   o.max_sessions = max_sessions;
   o.cache_dtype = a.cache_dtype == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
   o.kv_budget_bytes = int64_t(4) << 30;
+  o.weights = weights_choice(a.weights);
+  o.progress = true;  // quantizing a large model takes a while: show it on stderr
   return Model::load(a.model, o);
 }
 
@@ -100,9 +116,18 @@ void add_info(CLI::App& engine, Context& ctx) {
       ctx.out << "ffn: dense SwiGLU, intermediate " << c.intermediate_size << "\n";
     ctx.out << "parameters: " << w.n_params << " (" << w.n_bytes << " bytes as stored)\n"
             << "active per token: " << w.n_params_active << " parameters, " << w.n_bytes_active << " bytes\n"
-            << "embedding: " << dtype_name(w.embed_tokens.dtype) << ", lm_head: " << dtype_name(w.lm_head.dtype)
-            << "\n";
+            << "weights stored as (--weights " << a->weights << "; generate, bench and serving default to q8):\n";
+    for (const WeightFamilyStorage& f : describe_weight_storage(w))
+      ctx.out << "  " << f.family << ": " << f.storage << ", " << f.tensors << " tensors, " << f.bytes << " bytes\n";
+    if (const StoredWeights* sw = (*m)->stored_weights())
+      ctx.out << "converted weights: " << sw->bytes() << " bytes"
+              << (sw->cache_path().empty() ? std::string(", not cached")
+                                           : (sw->from_cache() ? ", mapped from " : ", cached to ") + sw->cache_path())
+              << "\n";
+    ctx.out << "weight bytes read per decoded token: " << weight_bytes_per_token(w, c.num_experts_per_tok) << "\n";
     for (const auto& warn : w.warnings) ctx.out << "warning: " << warn << "\n";
+    if (const StoredWeights* sw = (*m)->stored_weights())
+      for (const auto& warn : sw->warnings()) ctx.out << "warning: " << warn << "\n";
   });
 }
 
@@ -214,6 +239,7 @@ void add_generate(CLI::App& engine, Context& ctx) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = engine.add_subcommand("generate", "Generate tokens from a prompt, streaming them");
+  a->weights = "q8";
   add_model_args(sub, *a);
   auto* t = sub->add_option("--tokens", a->tokens, "Comma-separated prompt token ids");
   sub->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer.json)")->excludes(t);
@@ -296,45 +322,34 @@ void add_make_tiny(CLI::App& engine, Context& ctx) {
   });
 }
 
+// Prefill and decode tokens/s, bytes per decoded token and achieved vs measured bandwidth
+// (engine/speed_bench.h); --json prints the same figures as one object.
 void add_bench(CLI::App& engine, Context& ctx) {
   struct Args : ModelArgs {
     int prompt_tokens = 512, gen_tokens = 128, runs = 3;
+    bool json = false;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = engine.add_subcommand("bench", "Measure prefill and decode speed");
+  CLI::App* sub = engine.add_subcommand("bench", "Measure prefill and decode speed against the memory bandwidth");
+  a->weights = "q8";
   add_model_args(sub, *a);
   sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length");
   sub->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per run");
   sub->add_option("--runs", a->runs, "Runs (the median is reported)");
+  sub->add_flag("--json", a->json, "Print one JSON object");
   sub->callback([&ctx, a] {
-    auto m = load(*a);
-    if (!m) return void(fail(ctx, "bench", m.error()));
-    const int64_t V = (*m)->config().vocab_size;
-    std::vector<int32_t> prompt(size_t(std::max(1, a->prompt_tokens)));
-    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(V));
-    std::vector<double> pre, dec;
-    using clock = std::chrono::steady_clock;
-    for (int r = 0; r < std::max(1, a->runs); ++r) {
-      auto s = (*m)->open_session();
-      if (!s) return void(fail(ctx, "bench", s.error()));
-      auto t0 = clock::now();
-      auto p = (*s)->append(prompt);
-      if (!p) return void(fail(ctx, "bench", p.error()));
-      auto t1 = clock::now();
-      GenerateOptions g;
-      g.max_tokens = a->gen_tokens;
-      auto gr = (*s)->generate(g);
-      if (!gr) return void(fail(ctx, "bench", gr.error()));
-      auto t2 = clock::now();
-      pre.push_back(double(prompt.size()) / std::chrono::duration<double>(t1 - t0).count());
-      dec.push_back(double(gr->tokens.size()) / std::chrono::duration<double>(t2 - t1).count());
-    }
-    std::sort(pre.begin(), pre.end());
-    std::sort(dec.begin(), dec.end());
-    ctx.out << "threads " << (a->threads ? a->threads : int(std::thread::hardware_concurrency())) << ", prompt "
-            << prompt.size() << " tokens, " << a->gen_tokens << " decoded, median of " << pre.size() << " runs\n"
-            << "prefill tok/s: " << pre[pre.size() / 2] << "\ndecode tok/s: " << dec[dec.size() / 2]
-            << "\nweights bytes per decoded token: " << (*m)->weights().n_bytes_active << "\n";
+    SpeedBenchOptions o;
+    o.model_dir = a->model;
+    o.weights = weights_choice(a->weights);
+    o.threads = a->threads;
+    o.prompt_tokens = a->prompt_tokens;
+    o.gen_tokens = a->gen_tokens;
+    o.runs = a->runs;
+    o.progress = true;
+    auto r = run_speed_bench(o);
+    if (!r) return void(fail(ctx, "bench", r.error()));
+    if (a->json) ctx.out << r->to_json() << "\n";
+    else ctx.out << r->to_table();
   });
 }
 
