@@ -220,6 +220,8 @@ bool parse_xml(std::string_view body, std::string& name, std::vector<RawParam>& 
       }
       from = c + 1;
     }
+    // No well-placed close: take the first one, so stray text after it is reported.
+    if (close == std::string_view::npos) close = s.find("</parameter>");
     if (close == std::string_view::npos)
       return fail(ParseErrorKind::unclosed_tag,
                   "unclosed <parameter=" + p.name + ">: missing </parameter>", p.name);

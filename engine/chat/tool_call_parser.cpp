@@ -188,7 +188,10 @@ void ToolCallParser::step(ParsedOutput& out, bool final) {
 
     // state_ == tool_call
     const std::string_view close = bare_function_ ? kFunctionClose : kCallClose;
-    const std::size_t p = find_structural_close(buffer_, close);
+    std::size_t p = find_structural_close(buffer_, close);
+    // At the end, a close tag that looked like part of an open parameter value is the close
+    // after all: parse the body so the error names the unclosed parameter.
+    if (p == std::string::npos && final) p = buffer_.rfind(close);
     if (p == std::string::npos) {
       if (!final) return;
       const std::size_t index = call_count_++;

@@ -1,16 +1,66 @@
 #include "engine/tokenizer/bpe.h"
 
+#include <atomic>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <queue>
 
 namespace kiln::engine {
 
 namespace {
 constexpr std::uint32_t kNoRank = std::numeric_limits<std::uint32_t>::max();
-constexpr std::size_t kMaxCachedPiece = 64;    // bytes
-constexpr std::size_t kMaxCacheEntries = 1 << 18;
 constexpr std::size_t kHeapThreshold = 128;    // symbols; above this the O(n^2) scan is slower
+
+// Piece cache: most pieces of real text repeat, and BPE on them costs many hash probes. The
+// cache is direct-mapped, one 64-byte line per slot, and private to each thread (no lock, no
+// sharing); it belongs to one BpeModel at a time, identified by instance id.
+struct CacheSlot {
+  std::uint64_t hash;
+  std::uint8_t len;  // 0: empty
+  std::uint8_t n_ids;
+  char bytes[22];
+  TokenId ids[8];
+};
+static_assert(sizeof(CacheSlot) == 64);
+constexpr std::size_t kCacheSlots = 1 << 15;  // 2 MiB per thread
+constexpr std::size_t kMaxCachedPiece = sizeof(CacheSlot::bytes);
+
+struct ThreadCache {
+  std::uint64_t owner = 0;
+  std::unique_ptr<CacheSlot[]> slots;
+};
+
+CacheSlot* thread_cache(std::uint64_t owner) {
+  thread_local ThreadCache cache;
+  if (cache.owner != owner) {
+    if (!cache.slots) cache.slots = std::make_unique<CacheSlot[]>(kCacheSlots);
+    std::memset(cache.slots.get(), 0, kCacheSlots * sizeof(CacheSlot));
+    cache.owner = owner;
+  }
+  return cache.slots.get();
+}
+
+std::uint64_t piece_hash(std::string_view s) {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  std::uint64_t w = 0;
+  std::memcpy(&w, s.data() + i, s.size() - i);
+  h = (h ^ w) * 0x94D049BB133111EBull;
+  return h ^ (h >> 29);
+}
+
+std::atomic<std::uint64_t> next_instance_id{1};
 }  // namespace
+
+BpeModel::BpeModel(std::array<TokenId, 256> byte_ids, MergeTable merges)
+    : byte_ids_(byte_ids), merges_(std::move(merges)), instance_id_(next_instance_id++) {}
 
 void MergeTable::reserve(std::size_t n) {
   std::size_t cap = 16;
@@ -54,9 +104,8 @@ void MergeTable::insert(TokenId left, TokenId right, std::uint32_t rank, TokenId
   }
 }
 
-void BpeModel::merge_small(std::vector<TokenId>& ids) const {
-  const std::size_t n = ids.size();
-  if (n < 2) return;
+std::size_t BpeModel::merge_small(TokenId* ids, std::size_t n) const {
+  if (n < 2) return n;
   // ranks[i], merged[i]: the merge of pair (i, i+1), kept in step with ids.
   std::uint32_t ranks[kHeapThreshold];
   TokenId merged[kHeapThreshold];
@@ -85,7 +134,7 @@ void BpeModel::merge_small(std::vector<TokenId>& ids) const {
     if (best > 0 && !merges_.find(ids[best - 1], ids[best], ranks[best - 1], merged[best - 1]))
       ranks[best - 1] = kNoRank;
   }
-  ids.resize(len);
+  return len;
 }
 
 void BpeModel::merge_heap(std::vector<TokenId>& ids) const {
@@ -134,14 +183,24 @@ void BpeModel::merge_heap(std::vector<TokenId>& ids) const {
 
 void BpeModel::encode_piece_uncached(std::string_view piece, std::vector<TokenId>& out,
                                      bool heap) const {
+  if (!heap && piece.size() <= kHeapThreshold) {
+    TokenId ids[kHeapThreshold];
+    std::size_t n = 0;
+    for (char c : piece) {
+      const TokenId id = byte_ids_[static_cast<unsigned char>(c)];
+      if (id >= 0) ids[n++] = id;  // no unk token: a byte missing from the vocab is dropped
+    }
+    n = merge_small(ids, n);
+    out.insert(out.end(), ids, ids + n);
+    return;
+  }
   std::vector<TokenId> ids;
   ids.reserve(piece.size());
   for (char c : piece) {
     const TokenId id = byte_ids_[static_cast<unsigned char>(c)];
-    if (id >= 0) ids.push_back(id);  // no unk token: a byte missing from the vocab is dropped
+    if (id >= 0) ids.push_back(id);
   }
-  if (heap || ids.size() > kHeapThreshold) merge_heap(ids);
-  else merge_small(ids);
+  merge_heap(ids);
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
@@ -151,23 +210,27 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<TokenId>& out) c
     if (id >= 0) out.push_back(id);
     return;
   }
-  if (piece.size() > kMaxCachedPiece) {
+  if (piece.size() > kMaxCachedPiece || piece.empty()) {
     encode_piece_uncached(piece, out, false);
     return;
   }
-  {
-    std::lock_guard lock(cache_mu_);
-    auto it = cache_.find(piece);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  const std::uint64_t h = piece_hash(piece);
+  CacheSlot& slot = thread_cache(instance_id_)[h & (kCacheSlots - 1)];
+  if (slot.hash == h && slot.len == piece.size() &&
+      std::memcmp(slot.bytes, piece.data(), piece.size()) == 0) {
+    out.insert(out.end(), slot.ids, slot.ids + slot.n_ids);
+    return;
   }
   const std::size_t start = out.size();
   encode_piece_uncached(piece, out, false);
-  std::lock_guard lock(cache_mu_);
-  if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-  cache_.emplace(std::string(piece), std::vector<TokenId>(out.begin() + start, out.end()));
+  const std::size_t n = out.size() - start;
+  if (n <= 8) {
+    slot.hash = h;
+    slot.len = static_cast<std::uint8_t>(piece.size());
+    slot.n_ids = static_cast<std::uint8_t>(n);
+    std::memcpy(slot.bytes, piece.data(), piece.size());
+    std::memcpy(slot.ids, out.data() + start, n * sizeof(TokenId));
+  }
 }
 
 }  // namespace kiln::engine

@@ -4,10 +4,8 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -59,8 +57,7 @@ class MergeTable {
 class BpeModel {
  public:
   // `byte_ids[b]` is the id of the single-byte token for byte b (-1 when the vocab lacks it).
-  BpeModel(std::array<TokenId, 256> byte_ids, MergeTable merges)
-      : byte_ids_(byte_ids), merges_(std::move(merges)) {}
+  BpeModel(std::array<TokenId, 256> byte_ids, MergeTable merges);
 
   // Appends the ids of one pre-tokenized piece (raw bytes). Uses and fills the piece cache.
   void encode_piece(std::string_view piece, std::vector<TokenId>& out) const;
@@ -68,18 +65,13 @@ class BpeModel {
   void encode_piece_uncached(std::string_view piece, std::vector<TokenId>& out, bool heap) const;
 
  private:
-  void merge_small(std::vector<TokenId>& ids) const;
+  std::size_t merge_small(TokenId* ids, std::size_t n) const;  // returns the new length
   void merge_heap(std::vector<TokenId>& ids) const;
 
-  struct Hash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
   std::array<TokenId, 256> byte_ids_;
   MergeTable merges_;
-  // Cache of short pieces (most pieces of real text repeat). Guarded by cache_mu_.
-  mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<TokenId>, Hash, std::equal_to<>> cache_;
+  // Identifies this model to the per-thread piece caches (see bpe.cpp); never reused.
+  std::uint64_t instance_id_;
 };
 
 }  // namespace kiln::engine

@@ -77,15 +77,21 @@ TinyTokenizerFiles make_tiny_tokenizer(std::size_t vocab_size) {
   const std::size_t n_merges = vocab_size - 256 - kNumAdded;
   const auto first_added = static_cast<TokenId>(vocab_size - kNumAdded);
 
-  ordered_json vocab = ordered_json::object();
-  for (std::size_t i = 0; i < 256; ++i)
-    vocab[byte_level::char_of_byte(byte_level::byte_order()[i])] = i;
+  // The vocab object is written by hand: ordered_json inserts are linear in the object size.
+  std::string vocab = "{";
+  auto add_vocab = [&](const std::string& token, std::size_t id) {
+    if (vocab.size() > 1) vocab += ", ";
+    vocab += ordered_json(token).dump();
+    vocab += ": " + std::to_string(id);
+  };
+  for (std::size_t i = 0; i < 256; ++i) add_vocab(byte_level::char_of_byte(byte_level::byte_order()[i]), i);
   ordered_json merge_list = ordered_json::array();
   for (std::size_t i = 0; i < n_merges; ++i) {
     const auto& [l, r] = merges[i];
-    vocab[std::string(l) + std::string(r)] = 256 + i;
+    add_vocab(std::string(l) + std::string(r), 256 + i);
     merge_list.push_back(ordered_json::array({std::string(l), std::string(r)}));
   }
+  vocab += "}";
   ordered_json added = ordered_json::array();
   ordered_json added_decoder = ordered_json::object();
   for (std::size_t i = 0; i < kNumAdded; ++i) {
@@ -116,7 +122,7 @@ TinyTokenizerFiles make_tiny_tokenizer(std::size_t vocab_size) {
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
         {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-        {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab},
+        {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", "@VOCAB@"},
         {"merges", merge_list}}}};
   ordered_json config = {{"add_bos_token", false},
                          {"add_prefix_space", false},
@@ -132,6 +138,7 @@ TinyTokenizerFiles make_tiny_tokenizer(std::size_t vocab_size) {
                          {"tokenizer_class", "Qwen2Tokenizer"},
                          {"unk_token", nullptr}};
   files.tokenizer_json = tok.dump(2);
+  files.tokenizer_json.replace(files.tokenizer_json.find("\"@VOCAB@\""), 9, vocab);
   files.tokenizer_config_json = config.dump(2);
   info.vocab_size = vocab_size;
   info.endoftext = first_added;

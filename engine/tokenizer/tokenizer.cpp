@@ -203,6 +203,9 @@ TokenizerLoad Tokenizer::load_json_text(std::string_view text, std::string_view 
   if (model.value("byte_fallback", false)) return fail("model.byte_fallback: not supported");
   const json& vocab = model.value("vocab", json());
   if (!vocab.is_object() || vocab.empty()) return fail("model.vocab: expected a non-empty object");
+  // Vocab spelling → id, for resolving merges (faster than the JSON object's std::map).
+  std::unordered_map<std::string, TokenId> spelled;
+  spelled.reserve(vocab.size());
   for (const auto& [key, value] : vocab.items()) {
     if (!value.is_number_integer() || value.get<long long>() < 0)
       return fail("model.vocab[\"" + key + "\"]: expected a non-negative integer id");
@@ -212,6 +215,7 @@ TokenizerLoad Tokenizer::load_json_text(std::string_view text, std::string_view 
     if (static_cast<std::size_t>(id) >= impl->id_bytes.size()) impl->id_bytes.resize(id + 1);
     impl->id_bytes[id] = *bytes;
     impl->bytes_to_id.emplace(std::move(*bytes), id);
+    spelled.emplace(key, id);
   }
   std::array<TokenId, 256> byte_ids;
   for (int b = 0; b < 256; ++b) {
@@ -238,10 +242,10 @@ TokenizerLoad Tokenizer::load_json_text(std::string_view text, std::string_view 
     } else {
       return fail("model.merges[" + std::to_string(rank) + "]: expected \"a b\" or [a, b]");
     }
-    const auto l = vocab.find(left), r = vocab.find(right), lr = vocab.find(left + right);
-    if (l == vocab.end() || r == vocab.end() || lr == vocab.end())
+    const auto l = spelled.find(left), r = spelled.find(right), lr = spelled.find(left + right);
+    if (l == spelled.end() || r == spelled.end() || lr == spelled.end())
       return fail("model.merges[" + std::to_string(rank) + "]: token not in vocab");
-    table.insert(l->get<TokenId>(), r->get<TokenId>(), rank, lr->get<TokenId>());
+    table.insert(l->second, r->second, rank, lr->second);
     ++rank;
   }
   impl->bpe = std::make_unique<BpeModel>(byte_ids, std::move(table));

@@ -8,8 +8,8 @@
 // Input that is not valid UTF-8 is accepted: each invalid byte becomes its own piece, so
 // decode_bytes(encode(s)) == s for any bytes s the normaliser leaves alone.
 //
-// Thread-safety: a loaded Tokenizer is immutable except for an internal piece cache guarded by
-// a mutex; encode/decode may be called from any number of threads.
+// Thread-safety: a loaded Tokenizer is immutable; the BPE piece cache is per thread (bpe.cpp), so
+// encode/decode may be called from any number of threads without locking.
 #pragma once
 
 #include <cstdint>
