@@ -68,8 +68,17 @@ void dump_string(std::string_view s, std::string& out) {
 
 std::string float_repr(double d) {
   // Python repr(float): shortest round-trip digits. nlohmann's dump uses the same shortest
-  // digits and the same exponent style ("1e-05", "1e+16", "2.5").
-  return nlohmann::ordered_json(d).dump();
+  // digits and exponent style ("1e-05", "1e+16", "2.5") but switches to exponent form one
+  // decade earlier: Python prints 1e15 <= |d| < 1e16 in fixed notation ("1000000000000000.0").
+  std::string s = nlohmann::ordered_json(d).dump();
+  const std::size_t e = s.find("e+15");
+  if (e == std::string::npos) return s;
+  const bool neg = s[0] == '-';
+  std::string digits;
+  for (std::size_t i = neg ? 1 : 0; i < e; ++i)
+    if (s[i] != '.') digits += s[i];
+  digits.resize(16, '0');  // 1 leading digit + 15 decimal places
+  return (neg ? "-" : "") + digits + ".0";
 }
 
 }  // namespace

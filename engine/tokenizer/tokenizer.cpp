@@ -167,7 +167,13 @@ Tokenizer::~Tokenizer() = default;
 TokenizerLoad Tokenizer::load_model_dir(const std::string& dir) {
   const std::string config = dir + "/tokenizer_config.json";
   std::ifstream probe(config);
-  return load_file(dir + "/tokenizer.json", probe ? config : std::string());
+  TokenizerLoad load = load_file(dir + "/tokenizer.json", probe ? config : std::string());
+  // Newer Hugging Face repos keep the template in its own file (Qwen3.6: chat_template.jinja).
+  std::string jinja, ignored;
+  if (load.ok() && load.tokenizer->impl_->chat_template.empty() &&
+      read_text_file(dir + "/chat_template.jinja", jinja, ignored))
+    load.tokenizer->impl_->chat_template = std::move(jinja);
+  return load;
 }
 
 TokenizerLoad Tokenizer::load_file(const std::string& path, const std::string& config_path) {

@@ -41,7 +41,8 @@ struct TokenizerLoad {
 
 class Tokenizer {
  public:
-  // `dir`/tokenizer.json plus, when present, `dir`/tokenizer_config.json (chat template, eos).
+  // `dir`/tokenizer.json plus, when present, `dir`/tokenizer_config.json (chat template, eos)
+  // and `dir`/chat_template.jinja (used when the config has no chat_template).
   static TokenizerLoad load_model_dir(const std::string& dir);
   // A tokenizer.json (or tokenizer.json.gz) file; `config_path` may be empty.
   static TokenizerLoad load_file(const std::string& tokenizer_json_path,

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "engine/chat/chat_template.h"
@@ -87,6 +88,12 @@ TEST(TinyTokenizer, WritesAModelDirectoryAndRejectsBadSizes) {
   ASSERT_TRUE(load.ok()) << load.error;
   EXPECT_EQ(load.tokenizer->vocab_size(), 2048u);
   EXPECT_EQ(load.tokenizer->eos_token_id(), info.im_end);
+  // A template in chat_template.jinja is used when tokenizer_config.json has none.
+  std::ofstream(dir / "tokenizer_config.json") << "{}";
+  std::ofstream(dir / "chat_template.jinja") << "{{ messages }}";
+  TokenizerLoad with_jinja = Tokenizer::load_model_dir(dir.string());
+  ASSERT_TRUE(with_jinja.ok()) << with_jinja.error;
+  EXPECT_EQ(with_jinja.tokenizer->chat_template(), "{{ messages }}");
   std::filesystem::remove_all(dir);
   EXPECT_FALSE(make_tiny_tokenizer(100).info.ok());
   EXPECT_FALSE(make_tiny_tokenizer(1 << 20).info.ok());
