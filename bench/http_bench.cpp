@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
   config.listen.port = 0;
   config.db_path = (dir / "kiln.db").string();
   config.io_threads = 2;
+  config.start_workers = false;  // the bench plays the worker
   std::ostringstream log;
   std::string error;
   auto server = kiln::server::Server::start(config, log, error);

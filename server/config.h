@@ -57,6 +57,7 @@ struct ServerConfig {
   std::string db_path = "var/kiln.db";
   std::string token;             // bearer token; required unless listening on loopback
   int workers = 0;               // 0: one per session slot of the configured models
+  bool start_workers = true;     // false: HTTP only (tests that play the worker themselves)
   int io_threads = 2;            // threads running the HTTP io_context
   uint64_t max_body_bytes = 1 << 20;
   uint64_t sse_buffer_bytes = 1 << 20;  // per SSE client; a client further behind is dropped

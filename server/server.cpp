@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "server/auth.h"
+#include "server/dispatcher.h"
 #include "server/event_hub.h"
 #include "server/http_metrics.h"
 #include "server/http_session.h"
@@ -24,6 +25,7 @@ struct Server::Impl {
   std::unique_ptr<StoreFeed> feed;
   std::unique_ptr<EventHub> hub;
   std::unique_ptr<ModelRegistry> models;
+  std::unique_ptr<Dispatcher> dispatcher;  // null when start_workers is false
   App app;
   SessionContext ctx;
   asio::io_context ioc;
@@ -74,6 +76,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
     impl->hub->stop();
     return nullptr;
   }
+  if (config.start_workers) impl->dispatcher = Dispatcher::start(impl->config, *impl->store, *impl->models, log);
   impl->listener->run();
   impl->work.emplace(impl->ioc.get_executor());
   Impl* raw = impl.get();
@@ -139,6 +142,9 @@ void Server::stop() {
   }
   for (std::thread& t : s.io_threads) t.join();
   s.io_threads.clear();
+  // 5. Workers stop; builds they were carrying keep their leases until expiry, and a restarted
+  //    server's recovery re-queues them.
+  if (s.dispatcher) s.dispatcher->stop();
   s.store->stop_waiting();
   s.log << "level=info msg=\"kiln serve stopped\"" << std::endl;
 }

@@ -44,6 +44,7 @@ inline ServerConfig test_config(const TempDir& dir) {
   c.db_path = (dir.path() / "kiln.db").string();
   c.var_dir = dir.path().string();
   c.io_threads = 2;
+  c.start_workers = false;  // the tests play the worker through the store
   ModelConfig m;
   m.name = "test-model";
   m.path = (dir.path() / "no-such-model").string();
