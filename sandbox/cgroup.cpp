@@ -151,12 +151,18 @@ std::string CommandCgroup::create(std::uint64_t memory_bytes, std::uint64_t max_
   return "";
 }
 
-void CommandCgroup::signal_all(int sig) const {
+std::vector<pid_t> CommandCgroup::members() const {
+  std::vector<pid_t> out;
   for (const auto& dir : dirs_) {
     std::istringstream procs(read_file(dir / "cgroup.procs"));
     pid_t pid;
-    while (procs >> pid) kill(pid, sig);
+    while (procs >> pid) out.push_back(pid);
   }
+  return out;
+}
+
+void CommandCgroup::signal_all(int sig) const {
+  for (pid_t pid : members()) kill(pid, sig);
 }
 
 std::uint64_t CommandCgroup::peak_memory_bytes() const {

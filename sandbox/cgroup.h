@@ -39,6 +39,7 @@ class CommandCgroup {
   // Files the child writes "0" to (before dropping privileges) to join the groups.
   const std::vector<std::string>& procs_files() const { return procs_files_; }
   void signal_all(int sig) const;   // every process in the groups
+  std::vector<pid_t> members() const;
   std::uint64_t peak_memory_bytes() const;  // 0 when unknown
   std::vector<std::string> enforced() const;  // e.g. {"cgroup v1 memory", "cgroup v1 pids"}
 

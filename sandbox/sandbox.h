@@ -82,6 +82,7 @@ struct Result {
   std::vector<std::string> enforced;  // which layers were in force ("bwrap", "uid 65534", "cgroup memory", ...)
 
   bool ok() const { return error.empty(); }
+  // The JSON form's "output" is valid UTF-8 (invalid bytes replaced), so it can always be dumped.
   // Head + "[... N bytes dropped ...]" + tail (the marker only when something was dropped).
   std::string joined_output() const;
   nlohmann::json to_json() const;
@@ -94,6 +95,9 @@ struct RunOptions {
   // Called on the calling thread with each chunk of output as it arrives (all of it, uncapped).
   std::function<void(std::string_view)> on_output;
 };
+
+// Replaces invalid UTF-8 with U+FFFD (command output is bytes; JSON and prompts need UTF-8).
+std::string valid_utf8(const std::string& text);
 
 // Runs argv[0] (looked up on the sandbox's PATH) with its arguments. Blocks until the command and
 // everything it started are gone. Never throws for outside-world failures.

@@ -112,6 +112,12 @@ std::string prepare_workspace(const Policy& policy) {
   return "";
 }
 
+std::string valid_utf8(const std::string& text) {
+  // nlohmann's serializer already knows how to replace invalid sequences with U+FFFD; reuse it.
+  std::string dumped = nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return nlohmann::json::parse(dumped).get<std::string>();
+}
+
 std::string Result::joined_output() const {
   std::string_view all(output);
   return join_with_marker(all.substr(0, head_bytes), all.substr(head_bytes), dropped_bytes);
@@ -124,7 +130,7 @@ nlohmann::json Result::to_json() const {
       {"signal", signal},
       {"timed_out", timed_out},
       {"cancelled", cancelled},
-      {"output", joined_output()},
+      {"output", valid_utf8(joined_output())},
       {"total_output_bytes", total_output_bytes},
       {"dropped_bytes", dropped_bytes},
       {"wall_seconds", wall_seconds},

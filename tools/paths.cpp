@@ -188,10 +188,6 @@ bool looks_binary(const std::string& bytes) {
   return bytes.find('\0', 0) < std::min<std::size_t>(bytes.size(), 8192);
 }
 
-std::string valid_utf8(const std::string& text) {
-  // nlohmann's serializer already knows how to replace invalid sequences; reuse it.
-  std::string dumped = nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return nlohmann::json::parse(dumped).get<std::string>();
-}
+std::string valid_utf8(const std::string& text) { return sandbox::valid_utf8(text); }
 
 }  // namespace kiln::tools
