@@ -77,7 +77,9 @@ struct Result {
   std::uint64_t total_output_bytes = 0;
   std::uint64_t dropped_bytes = 0;  // bytes produced between head and tail, not kept
   double wall_seconds = 0;
-  double cpu_seconds = 0;           // user+system of the whole tree that was reaped
+  // user+system of bwrap and what it reaped; the command's own CPU time is often missing because
+  // bwrap's pid-namespace init is not waited for by the outer bwrap. Not a limit: RLIMIT_CPU is.
+  double cpu_seconds = 0;
   std::uint64_t peak_rss_bytes = 0; // cgroup peak when in force, else the largest process's max RSS
   std::vector<std::string> enforced;  // which layers were in force ("bwrap", "uid 65534", "cgroup memory", ...)
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <thread>
 
@@ -166,6 +167,46 @@ TEST(Probe, ReportsTheLayersThatHoldHere) {
   EXPECT_TRUE(layer("unprivileged uid").ok) << layer("unprivileged uid").detail;
   EXPECT_TRUE(layer("read-only system").ok);
   EXPECT_EQ(report.to_json()["usable"], true);
+}
+
+}  // namespace
+}  // namespace kiln::sandbox
+
+namespace kiln::sandbox {
+namespace {
+
+TEST(Limits, EveryRlimitIsInForceInsideTheSandbox) {
+  kiln::testing::TempWorkspace ws;
+  Policy p = ws.prepared_policy();
+  p.limits.cpu_seconds = 77;
+  p.limits.memory_bytes = 900ull << 20;
+  p.limits.max_processes = 55;
+  p.limits.max_file_bytes = 12345678;
+  p.limits.max_open_files = 99;
+  Result r = run({"cat", "/proc/self/limits"}, p);
+  ASSERT_TRUE(r.ok()) << r.error;
+  auto has = [&](const std::string& row, const std::string& value) {
+    auto at = r.output.find(row);
+    if (at == std::string::npos) return false;
+    std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    return line.find(" " + value + " ") != std::string::npos;
+  };
+  EXPECT_TRUE(has("Max cpu time", "77")) << r.output;
+  EXPECT_TRUE(has("Max address space", std::to_string(900ull << 20))) << r.output;
+  EXPECT_TRUE(has("Max processes", "55")) << r.output;
+  EXPECT_TRUE(has("Max file size", "12345678")) << r.output;
+  EXPECT_TRUE(has("Max open files", "99")) << r.output;
+  EXPECT_TRUE(has("Max core file size", "0")) << r.output;
+}
+
+TEST(Limits, CpuSecondsStopABusyLoopBeforeTheWallClock) {
+  kiln::testing::TempWorkspace ws;
+  Policy p = ws.prepared_policy(20'000);
+  p.limits.cpu_seconds = 1;
+  Result r = run({"bash", "-c", "while :; do :; done"}, p);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(r.exit_code == 128 + SIGXCPU || r.exit_code == 128 + SIGKILL) << r.exit_code;
 }
 
 }  // namespace
