@@ -35,29 +35,90 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineO
   KvLayout layout{m->config_.n_full_layers(), m->config_.kv_dim(), options.cache_dtype, options.page_tokens};
   m->kv_pool_ = std::make_unique<KvPool>(layout, std::max<int64_t>(m->plan_.pages, 1));
   m->network_ = std::make_unique<Qwen35Model>(m->config_, m->weights_, m->pool_.get());
+  if (options.prefill_chunk < 1) return make_error("engine options: prefill_chunk must be at least 1");
+  m->scheduler_ = std::make_unique<Scheduler>(*m->network_, m->config_, options.prefill_chunk);
   return m;
 }
 
 Model::~Model() = default;
 
-Result<std::unique_ptr<Session>> Model::open_session() {
-  int n = open_sessions_.fetch_add(1);
-  if (n >= options_.max_sessions) {
-    open_sessions_.fetch_sub(1);
-    return make_error("session limit reached: " + std::to_string(options_.max_sessions) + " sessions are open");
-  }
-  return std::unique_ptr<Session>(new Session(*this));
+int Model::open_sessions() const {
+  std::lock_guard<std::mutex> lock(admission_mu_);
+  return open_;
 }
 
-Session::Session(Model& model) : model_(model) {
-  state_.dtype = model.options_.cache_dtype;
-  state_.kv = std::make_unique<SequenceKv>(*model.kv_pool_);
-  model.network_->init_state(state_);
+int Model::waiting_sessions() const {
+  std::lock_guard<std::mutex> lock(admission_mu_);
+  return int(waiters_.size());
+}
+
+int64_t Model::position(const Waiter& w) const {
+  int64_t ahead = 0;
+  for (const Waiter* o : waiters_)
+    ahead += o->priority > w.priority || (o->priority == w.priority && o->arrival < w.arrival);
+  return ahead + 1;
+}
+
+Result<std::unique_ptr<Session>> Model::open_session(int priority) {
+  {
+    std::lock_guard<std::mutex> lock(admission_mu_);
+    if (open_ >= options_.max_sessions || !waiters_.empty())
+      return make_error("session limit reached: " + std::to_string(open_) + " of " +
+                        std::to_string(options_.max_sessions) + " sessions are open and " +
+                        std::to_string(waiters_.size()) + " are waiting");
+    ++open_;
+  }
+  return std::unique_ptr<Session>(new Session(*this, priority));
+}
+
+Result<std::unique_ptr<Session>> Model::open_session_waiting(const OpenOptions& o) {
+  std::unique_lock<std::mutex> lock(admission_mu_);
+  Waiter w{o.priority, arrivals_++};
+  waiters_.push_back(&w);
+  admission_cv_.notify_all();  // the ones behind it moved down a place
+  auto leave = [&] {
+    waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &w));
+    admission_cv_.notify_all();  // the ones behind move up
+  };
+  int64_t reported = 0;
+  for (;;) {
+    const int64_t pos = position(w);
+    if (open_ < options_.max_sessions && pos == 1) break;
+    if (o.cancel && o.cancel->load()) {
+      leave();
+      return make_error("cancelled while waiting for a session slot (position " + std::to_string(pos) + ")");
+    }
+    if (pos != reported && o.on_wait) {
+      reported = pos;
+      lock.unlock();
+      o.on_wait(pos);
+      lock.lock();
+      continue;
+    }
+    admission_cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  leave();
+  ++open_;
+  lock.unlock();
+  return std::unique_ptr<Session>(new Session(*this, o.priority));
+}
+
+void Model::close_slot() {
+  std::lock_guard<std::mutex> lock(admission_mu_);
+  --open_;
+  admission_cv_.notify_all();
+}
+
+Session::Session(Model& model, int priority) : model_(model) {
+  seq_.priority = priority;
+  seq_.state.dtype = model.options_.cache_dtype;
+  seq_.state.kv = std::make_unique<SequenceKv>(*model.kv_pool_);
+  model.network_->init_state(seq_.state);
 }
 
 Session::~Session() {
-  state_.kv.reset();  // pages back to the pool
-  model_.open_sessions_.fetch_sub(1);
+  seq_.state.kv.reset();  // pages back to the pool
+  model_.close_slot();
 }
 
 Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool all_logits) {
@@ -72,51 +133,42 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
     return make_error("append: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
                       std::to_string(c.max_position_embeddings));
   if (c.n_full_layers() > 0) {
-    Status s = state_.kv->reserve(n);
+    Status s = seq_.state.kv->reserve(n);  // before queueing: the step itself cannot fail
     if (!s) return make_error(s.error());
   }
-  const int64_t V = c.vocab_size;
-  std::vector<float> logits(static_cast<size_t>((all_logits ? T : 1) * V));
-  model_.network_->forward(tokens.data(), T, state_, all_logits, logits.data());
-  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-  last_logits_.assign(logits.end() - V, logits.end());
+  std::vector<float> logits(static_cast<size_t>((all_logits ? T : 1) * c.vocab_size));
+  model_.scheduler_->append(seq_, tokens, all_logits, logits.data());
   return logits;
 }
 
 Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token) {
-  if (last_logits_.empty()) return make_error("generate: the session is empty; append a prompt first");
-  Sampler sampler(o.sampling);
-  GenerateResult r;
-  while (int64_t(r.tokens.size()) < o.max_tokens) {
-    const int32_t tok = sampler.sample(last_logits_, r.tokens);
-    auto step = append(std::span<const int32_t>(&tok, 1));
-    if (!step) return make_error(step.error());
-    r.tokens.push_back(tok);
-    if (on_token && !on_token(tok)) {
-      r.reason = GenerateResult::Reason::callback;
-      return r;
-    }
-    if (std::find(o.stop.begin(), o.stop.end(), tok) != o.stop.end()) {
-      r.reason = GenerateResult::Reason::stop_token;
-      return r;
-    }
+  if (seq_.last_logits.empty()) return make_error("generate: the session is empty; append a prompt first");
+  const ModelConfig& c = model_.config_;
+  const bool kv = c.n_full_layers() > 0;
+  if (kv && o.max_tokens > 0) {
+    const int64_t room = std::min(o.max_tokens, c.max_position_embeddings - size());
+    (void)seq_.state.kv->reserve(size() + std::max<int64_t>(room, 0));  // all or nothing; else per step
   }
-  r.reason = GenerateResult::Reason::max_tokens;
+  auto r = model_.scheduler_->generate(seq_, o, on_token);
+  if (kv) seq_.state.kv->truncate(seq_.state.n_past);  // give back what was not used
   return r;
 }
 
-SessionCheckpoint Session::checkpoint() const { return SessionCheckpoint{tokens_, state_.gdn, last_logits_}; }
+SessionCheckpoint Session::checkpoint() const {
+  return SessionCheckpoint{seq_.tokens, seq_.state.gdn, seq_.last_logits};
+}
 
 Status Session::rewind(const SessionCheckpoint& cp) {
-  if (cp.tokens.size() > tokens_.size() || !std::equal(cp.tokens.begin(), cp.tokens.end(), tokens_.begin()))
+  std::vector<int32_t>& tokens = seq_.tokens;
+  if (cp.tokens.size() > tokens.size() || !std::equal(cp.tokens.begin(), cp.tokens.end(), tokens.begin()))
     return make_error("rewind: the checkpoint's " + std::to_string(cp.tokens.size()) +
                       " tokens are not a prefix of this session's history");
-  if (cp.gdn.size() != state_.gdn.size()) return make_error("rewind: the checkpoint belongs to another model");
-  tokens_ = cp.tokens;
-  state_.gdn = cp.gdn;
-  state_.n_past = int64_t(tokens_.size());
-  state_.kv->truncate(state_.n_past);
-  last_logits_ = cp.last_logits;
+  if (cp.gdn.size() != seq_.state.gdn.size()) return make_error("rewind: the checkpoint belongs to another model");
+  tokens = cp.tokens;
+  seq_.state.gdn = cp.gdn;
+  seq_.state.n_past = int64_t(tokens.size());
+  seq_.state.kv->truncate(seq_.state.n_past);
+  seq_.last_logits = cp.last_logits;
   return {};
 }
 

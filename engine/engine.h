@@ -5,13 +5,21 @@
 //   auto logits = (*session)->append(prompt_tokens);               // prefill only the new tokens
 //   (*session)->generate(opts, [](int32_t tok) { ...; return true; });
 //
-// Threading: a Model is read-only after load and may be shared by any number of threads. A
-// Session is owned by one thread at a time (one agent); sessions on different threads may run
-// concurrently (the KV pool is locked inside, the matmul thread pool serialises their parallel
-// sections). A Model must outlive its sessions.
+// Threading: a Model may be shared by any number of threads. A Session is owned by one thread at
+// a time (one agent); sessions on different threads run concurrently: their append/generate calls
+// are queued to the Model's scheduler (engine/scheduler.h), the one thread that runs forward
+// passes, which batches the decode steps of all sessions and chunks long prefills, and each call
+// blocks until its result is ready. A Model must outlive its sessions.
+//
+// Admission: at most max_sessions are open. open_session() fails when they are all taken (or
+// others wait in line); open_session_waiting() waits in line, highest priority first, reporting
+// its position. KV pages are reserved before a call is queued, so when memory runs out the new
+// call fails with "context memory exhausted" and running steps are never refused.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,6 +35,7 @@
 #include "engine/cpu/thread_pool.h"
 #include "engine/models/qwen35.h"
 #include "engine/sampling.h"
+#include "engine/scheduler.h"
 #include "engine/status.h"
 #include "engine/weights/safetensors.h"
 #include "engine/weights/quantized_weights.h"
@@ -47,6 +56,17 @@ struct EngineOptions {
   bool quantize_lm_head = true;
   bool weight_cache = true;
   bool progress = false;  // progress bar on stderr while quantizing
+  // Prefill tokens per scheduler step: a longer prompt is cut into chunks of this many tokens so
+  // that decoding sessions wait at most one chunk per step.
+  int64_t prefill_chunk = 512;
+};
+
+struct OpenOptions {
+  int priority = 0;  // higher: admitted first, and prefilled first
+  // Called on the waiting thread (not under a lock) with the 1-based position in line, each
+  // time it changes, while every session slot is taken.
+  std::function<void(int64_t position)> on_wait;
+  const std::atomic<bool>* cancel = nullptr;  // checked every 100 ms while waiting
 };
 
 class Session;
@@ -67,8 +87,13 @@ class Model {
   const StoredWeights* stored_weights() const { return stored_.get(); }
   ThreadPool& thread_pool() const { return *pool_; }
 
-  // A new empty session; fails when max_sessions are open.
-  Result<std::unique_ptr<Session>> open_session();
+  // A new empty session, without waiting: fails when max_sessions are open or others wait.
+  Result<std::unique_ptr<Session>> open_session(int priority = 0);
+  // A new empty session, waiting in line (priority, then arrival) for a free slot.
+  Result<std::unique_ptr<Session>> open_session_waiting(const OpenOptions& options);
+  int open_sessions() const;
+  int waiting_sessions() const;
+  Scheduler& scheduler() const { return *scheduler_; }
 
  private:
   friend class Session;
@@ -83,7 +108,19 @@ class Model {
   std::unique_ptr<StoredWeights> stored_;  // declared after checkpoint_: views may point into either
   std::unique_ptr<KvPool> kv_pool_;
   std::unique_ptr<Qwen35Model> network_;
-  std::atomic<int> open_sessions_{0};
+  std::unique_ptr<Scheduler> scheduler_;  // after network_: destroyed (joined) first
+
+  struct Waiter {
+    int priority = 0;
+    uint64_t arrival = 0;
+  };
+  void close_slot();
+  int64_t position(const Waiter& w) const;  // REQUIRES(admission_mu_)
+  mutable std::mutex admission_mu_;
+  std::condition_variable admission_cv_;
+  int open_ = 0;                   // GUARDED_BY(admission_mu_)
+  uint64_t arrivals_ = 0;          // GUARDED_BY(admission_mu_)
+  std::vector<Waiter*> waiters_;   // GUARDED_BY(admission_mu_)
 };
 
 // A saved point in a session: its length and its GDN states (KV needs nothing: positions past the
@@ -92,17 +129,6 @@ struct SessionCheckpoint {
   std::vector<int32_t> tokens;
   std::vector<DeltaNetState> gdn;
   std::vector<float> last_logits;
-};
-
-struct GenerateOptions {
-  SamplingParams sampling;
-  int64_t max_tokens = 256;
-  std::vector<int32_t> stop;  // generation ends after emitting one of these
-};
-
-struct GenerateResult {
-  std::vector<int32_t> tokens;
-  enum class Reason { stop_token, max_tokens, callback } reason = Reason::max_tokens;
 };
 
 // One sequence. State list:
@@ -122,24 +148,25 @@ class Session {
   Result<std::vector<float>> append(std::span<const int32_t> tokens, bool all_logits = false);
 
   // Samples up to max_tokens from the last logits, appending each sampled token (so afterwards the
-  // history holds them all and last_logits() follows the final one). on_token returns false to stop.
+  // history holds them all and last_logits() follows the final one). on_token returns false to stop;
+  // it runs on this thread and must not call into this session. KV for all max_tokens is reserved
+  // up front when the pool has room (else per token), and what is unused is given back.
   Result<GenerateResult> generate(const GenerateOptions& options, const std::function<bool(int32_t)>& on_token = {});
 
   SessionCheckpoint checkpoint() const;
   // Back to a checkpoint taken from this session whose tokens are still a prefix of the history.
   Status rewind(const SessionCheckpoint& checkpoint);
 
-  const std::vector<int32_t>& tokens() const { return tokens_; }
-  std::span<const float> last_logits() const { return last_logits_; }
-  int64_t size() const { return int64_t(tokens_.size()); }
+  const std::vector<int32_t>& tokens() const { return seq_.tokens; }
+  std::span<const float> last_logits() const { return seq_.last_logits; }
+  int64_t size() const { return int64_t(seq_.tokens.size()); }
+  int priority() const { return seq_.priority; }
 
  private:
   friend class Model;
-  explicit Session(Model& model);
+  Session(Model& model, int priority);
   Model& model_;
-  std::vector<int32_t> tokens_;
-  std::vector<float> last_logits_;
-  SequenceState state_;
+  Sequence seq_;  // the scheduler's while a call of this session is queued
 };
 
 }  // namespace kiln::engine

@@ -1,6 +1,7 @@
-// Qwen3.5/3.6 forward pass (model-spec §3). Layer i: x += Mixer(RMSNorm_in(x));
-// x += FFN(RMSNorm_post(x)); Mixer = gated attention (full) or Gated DeltaNet (linear).
-// All activations and states in f32; weights as stored (bf16/f16/f32) through ops::matmul.
+// Qwen3.5/3.6 forward pass (model-spec §3) over a batch of sequence steps. Layer i:
+// x += Mixer(RMSNorm_in(x)); x += FFN(RMSNorm_post(x)); Mixer = gated attention (full) or Gated
+// DeltaNet (linear). All activations and states in f32; weights as stored through ops::matmul.
+// x holds the rows of every sequence back to back; Rows says where each sequence's rows start.
 #include "engine/models/qwen35.h"
 
 #include <cmath>
@@ -12,6 +13,33 @@ namespace kiln::engine {
 
 using Buf = std::vector<float>;
 
+struct Qwen35Model::Rows {
+  std::span<const SeqStep> seqs;
+  std::vector<int64_t> row0;        // first row of sequence i; row0[n] = total rows
+  std::vector<size_t> decode, multi;  // indices of sequences with T = 1 and T > 1
+  int64_t total() const { return row0.back(); }
+};
+
+namespace {
+
+// Runs fn(i, pool) for every sequence index in `decode` and `multi`. Single-token sequences are
+// spread over the pool, one per task (their kernels then run single-threaded); a sequence of
+// several tokens, or a lone decode, gets the whole pool. Kernels split work by head or row only,
+// so a sequence's result is the same either way.
+template <class Fn>
+void for_each_sequence(ThreadPool* pool, const std::vector<size_t>& decode, const std::vector<size_t>& multi, Fn&& fn) {
+  if (decode.size() == 1 || !pool) {
+    for (size_t i : decode) fn(i, pool);
+  } else if (!decode.empty()) {
+    pool->parallel_for(int64_t(decode.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t d = b; d < e; ++d) fn(decode[size_t(d)], nullptr);
+    });
+  }
+  for (size_t i : multi) fn(i, pool);
+}
+
+}  // namespace
+
 void Qwen35Model::init_state(SequenceState& st) const {
   st.gdn.assign(size_t(c_.n_linear_layers()), {});
   for (auto& s : st.gdn) {
@@ -22,74 +50,136 @@ void Qwen35Model::init_state(SequenceState& st) const {
 
 void Qwen35Model::forward(const int32_t* tokens, int64_t T, SequenceState& st, bool all_logits,
                           float* logits) const {
-  const int64_t H = c_.hidden_size;
-  Buf x(static_cast<size_t>(T * H)), a(size_t(T * H)), out(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) to_f32(w_.embed_tokens.dtype, w_.embed_tokens.row_ptr(tokens[t]), &x[size_t(t * H)], H);
+  const SeqStep step{tokens, T, &st, all_logits ? LogitRows::all : LogitRows::last, logits};
+  forward_batch(std::span<const SeqStep>(&step, 1));
+}
+
+void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats) const {
+  const int64_t H = c_.hidden_size, V = c_.vocab_size;
+  Rows rows;
+  rows.seqs = seqs;
+  rows.row0.assign(seqs.size() + 1, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    rows.row0[i + 1] = rows.row0[i] + seqs[i].T;
+    (seqs[i].T == 1 ? rows.decode : rows.multi).push_back(i);
+  }
+  const int64_t R = rows.total();
+  if (R == 0) return;
+  // Owned by the calling thread (the scheduler): grown once, reused every step.
+  thread_local Buf x, a, out;
+  x.resize(size_t(R * H)), a.resize(size_t(R * H)), out.resize(size_t(R * H));
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (int64_t t = 0; t < seqs[i].T; ++t)
+      to_f32(w_.embed_tokens.dtype, w_.embed_tokens.row_ptr(seqs[i].tokens[t]), &x[size_t((rows.row0[i] + t) * H)], H);
   int full = 0, linear = 0;
   for (const LayerWeights& L : w_.layers) {
-    ops::rms_norm(x.data(), T, H, L.input_layernorm.data(), true, c_.rms_norm_eps, a.data());
-    if (L.type == LayerType::full_attention) attention_block(L.attn, full++, a.data(), T, st, out.data());
-    else delta_net_block(L.gdn, a.data(), T, st.gdn[size_t(linear++)], st.dtype, out.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
-    ops::rms_norm(x.data(), T, H, L.post_attention_layernorm.data(), true, c_.rms_norm_eps, a.data());
-    if (c_.is_moe) moe_block(L.moe, a.data(), T, out.data());
-    else mlp_block(L.mlp, a.data(), T, out.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
+    ops::rms_norm(x.data(), R, H, L.input_layernorm.data(), true, c_.rms_norm_eps, a.data());
+    if (L.type == LayerType::full_attention) attention_block(L.attn, full++, a.data(), rows, out.data());
+    else delta_net_block(L.gdn, linear++, a.data(), rows, out.data());
+    for (int64_t i = 0; i < R * H; ++i) x[size_t(i)] += out[size_t(i)];
+    ops::rms_norm(x.data(), R, H, L.post_attention_layernorm.data(), true, c_.rms_norm_eps, a.data());
+    if (c_.is_moe) moe_block(L.moe, a.data(), R, out.data(), stats);
+    else mlp_block(L.mlp, a.data(), R, out.data());
+    for (int64_t i = 0; i < R * H; ++i) x[size_t(i)] += out[size_t(i)];
   }
-  st.n_past += T;
-  const int64_t rows = all_logits ? T : 1;
-  const float* h = all_logits ? x.data() : x.data() + (T - 1) * H;
-  ops::rms_norm(h, rows, H, w_.norm.data(), true, c_.rms_norm_eps, a.data());
-  ops::matmul(pool_, a.data(), rows, w_.lm_head, logits);
+  for (const SeqStep& s : seqs) s.state->n_past += s.T;
+  if (stats) stats->rows += R;
+  // Final norm and lm_head only on the rows whose logits are wanted, gathered together.
+  int64_t n = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t first = seqs[i].logits == LogitRows::all ? 0 : seqs[i].T - 1;
+    if (seqs[i].logits == LogitRows::none) continue;
+    for (int64_t t = first; t < seqs[i].T; ++t, ++n)
+      std::copy_n(&x[size_t((rows.row0[i] + t) * H)], H, &a[size_t(n * H)]);
+  }
+  if (n == 0) return;
+  ops::rms_norm(a.data(), n, H, w_.norm.data(), true, c_.rms_norm_eps, a.data());
+  thread_local Buf logits;
+  float* dst = nullptr;
+  if (seqs.size() == 1) {
+    dst = seqs[0].out;  // the common solo case writes straight into the caller's buffer
+  } else {
+    logits.resize(size_t(n * V));
+    dst = logits.data();
+  }
+  ops::matmul(pool_, a.data(), n, w_.lm_head, dst);
+  if (seqs.size() == 1) return;
+  n = 0;
+  for (const SeqStep& s : seqs) {
+    if (s.logits == LogitRows::none) continue;
+    const int64_t count = s.logits == LogitRows::all ? s.T : 1;
+    std::copy_n(&logits[size_t(n * V)], count * V, s.out);
+    n += count;
+  }
 }
 
 // Gated full attention (§3.5): q_proj rows are per head [q(D) | gate(D)].
-void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const float* a, int64_t T, SequenceState& st,
+void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const float* a, const Rows& rows,
                                   float* out) const {
   const int Hq = c_.num_attention_heads, Hkv = c_.num_key_value_heads, D = c_.head_dim;
-  const int64_t kv_dim = c_.kv_dim(), n_kv = st.n_past + T;
-  Buf qg(static_cast<size_t>(T * Hq * 2 * D)), q(size_t(T * Hq * D)), gate(size_t(T * Hq * D)), k(size_t(T * kv_dim)),
-      v(size_t(T * kv_dim));
-  const ops::MatmulJob qkv[] = {{&w.q_proj, a, T, qg.data()}, {&w.k_proj, a, T, k.data()}, {&w.v_proj, a, T, v.data()}};
+  const int64_t kv_dim = c_.kv_dim(), R = rows.total(), qd = int64_t(Hq) * D;
+  thread_local Buf qg, q, gate, k, v, o;
+  qg.resize(size_t(R * 2 * qd)), q.resize(size_t(R * qd)), gate.resize(size_t(R * qd));
+  k.resize(size_t(R * kv_dim)), v.resize(size_t(R * kv_dim)), o.resize(size_t(R * qd));
+  const ops::MatmulJob qkv[] = {{&w.q_proj, a, R, qg.data()}, {&w.k_proj, a, R, k.data()}, {&w.v_proj, a, R, v.data()}};
   ops::matmul_group(pool_, qkv, 3);
-  for (int64_t th = 0; th < T * Hq; ++th) {
+  for (int64_t th = 0; th < R * Hq; ++th) {
     std::copy_n(&qg[size_t(th * 2 * D)], D, &q[size_t(th * D)]);
     std::copy_n(&qg[size_t(th * 2 * D + D)], D, &gate[size_t(th * D)]);
   }
-  ops::rms_norm(q.data(), T * Hq, D, w.q_norm.data(), true, c_.rms_norm_eps, q.data());
-  ops::rms_norm(k.data(), T * Hkv, D, w.k_norm.data(), true, c_.rms_norm_eps, k.data());
-  ops::rope_neox(q.data(), T, Hq, D, c_.rotary_dim, st.n_past, c_.rope_theta);
-  ops::rope_neox(k.data(), T, Hkv, D, c_.rotary_dim, st.n_past, c_.rope_theta);
-  for (int64_t t = 0; t < T; ++t) st.kv->write(slot, st.n_past + t, &k[size_t(t * kv_dim)], &v[size_t(t * kv_dim)]);
-  Buf K(static_cast<size_t>(n_kv * kv_dim)), V(size_t(n_kv * kv_dim)), o(size_t(T * Hq * D));
-  st.kv->gather(slot, n_kv, K.data(), V.data());  // read back: prefill and decode see the same cache
-  ops::attention(pool_, q.data(), K.data(), V.data(), T, n_kv, Hq, Hkv, D, 1.0f / std::sqrt(float(D)), o.data());
-  for (size_t i = 0; i < o.size(); ++i) o[i] *= ops::sigmoid(gate[i]);
-  ops::matmul(pool_, o.data(), T, w.o_proj, out);
+  ops::rms_norm(q.data(), R * Hq, D, w.q_norm.data(), true, c_.rms_norm_eps, q.data());
+  ops::rms_norm(k.data(), R * Hkv, D, w.k_norm.data(), true, c_.rms_norm_eps, k.data());
+  for (size_t i = 0; i < rows.seqs.size(); ++i) {  // positions and cache writes are per sequence
+    const SeqStep& s = rows.seqs[i];
+    const int64_t r0 = rows.row0[i];
+    ops::rope_neox(&q[size_t(r0 * qd)], s.T, Hq, D, c_.rotary_dim, s.state->n_past, c_.rope_theta);
+    ops::rope_neox(&k[size_t(r0 * kv_dim)], s.T, Hkv, D, c_.rotary_dim, s.state->n_past, c_.rope_theta);
+    for (int64_t t = 0; t < s.T; ++t)
+      s.state->kv->write(slot, s.state->n_past + t, &k[size_t((r0 + t) * kv_dim)], &v[size_t((r0 + t) * kv_dim)]);
+  }
+  const float scale = 1.0f / std::sqrt(float(D));
+  float* const q_all = q.data();
+  float* const o_all = o.data();
+  for_each_sequence(pool_, rows.decode, rows.multi, [&](size_t i, ThreadPool* pool) {
+    const SeqStep& s = rows.seqs[i];
+    const int64_t r0 = rows.row0[i], n_kv = s.state->n_past + s.T;
+    thread_local Buf K, Vv;  // this thread's gather buffers
+    K.resize(size_t(n_kv * kv_dim)), Vv.resize(size_t(n_kv * kv_dim));
+    s.state->kv->gather(slot, n_kv, K.data(), Vv.data());  // read back: prefill and decode see the same cache
+    ops::attention(pool, q_all + r0 * qd, K.data(), Vv.data(), s.T, n_kv, Hq, Hkv, D, scale, o_all + r0 * qd);
+  });
+  for (int64_t i = 0; i < R * qd; ++i) o[size_t(i)] *= ops::sigmoid(gate[size_t(i)]);
+  ops::matmul(pool_, o.data(), R, w.o_proj, out);
 }
 
 // Gated DeltaNet (§3.6): conv + SiLU, L2 norm, gated delta rule, gated RMSNorm, out_proj.
-void Qwen35Model::delta_net_block(const DeltaNetWeights& w, const float* a, int64_t T, DeltaNetState& s,
-                                  CacheDtype dtype, float* out) const {
+void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const float* a, const Rows& rows,
+                                  float* out) const {
   const int Hk = c_.linear_num_key_heads, Hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim;
-  const int64_t C = c_.conv_dim(), key_dim = c_.key_dim(), value_dim = c_.value_dim();
-  Buf c(static_cast<size_t>(T * C)), ch(size_t(T * C)), z(size_t(T * value_dim)), b(size_t(T * Hv)), alpha(size_t(T * Hv));
-  const ops::MatmulJob in[] = {{&w.in_proj_qkv, a, T, c.data()},
-                               {&w.in_proj_z, a, T, z.data()},
-                               {&w.in_proj_b, a, T, b.data()},
-                               {&w.in_proj_a, a, T, alpha.data()}};
+  const int64_t C = c_.conv_dim(), key_dim = c_.key_dim(), value_dim = c_.value_dim(), R = rows.total();
+  thread_local Buf c, ch, z, b, alpha, conv_state, beta, g, o;
+  c.resize(size_t(R * C)), ch.resize(size_t(R * C)), z.resize(size_t(R * value_dim));
+  b.resize(size_t(R * Hv)), alpha.resize(size_t(R * Hv)), beta.resize(size_t(R * Hv)), g.resize(size_t(R * Hv));
+  o.resize(size_t(R * value_dim)), conv_state.resize(size_t((K - 1) * C));
+  const ops::MatmulJob in[] = {{&w.in_proj_qkv, a, R, c.data()},
+                               {&w.in_proj_z, a, R, z.data()},
+                               {&w.in_proj_b, a, R, b.data()},
+                               {&w.in_proj_a, a, R, alpha.data()}};
   ops::matmul_group(pool_, in, 4);
-  Buf conv_state(static_cast<size_t>((K - 1) * C));
-  s.load_conv(dtype, conv_state.data());
-  ops::conv1d_silu(c.data(), T, C, K, w.conv1d.data(), conv_state.data(), ch.data());
-  s.store_conv(dtype, conv_state.data());
-  for (int64_t t = 0; t < T; ++t) {  // q and k heads, each L2-normalised; q also scaled by 1/√dk
+  for (size_t i = 0; i < rows.seqs.size(); ++i) {  // the conv window is per sequence
+    DeltaNetState& s = rows.seqs[i].state->gdn[size_t(linear)];
+    const CacheDtype dtype = rows.seqs[i].state->dtype;
+    const int64_t r0 = rows.row0[i];
+    s.load_conv(dtype, conv_state.data());
+    ops::conv1d_silu(&c[size_t(r0 * C)], rows.seqs[i].T, C, K, w.conv1d.data(), conv_state.data(), &ch[size_t(r0 * C)]);
+    s.store_conv(dtype, conv_state.data());
+  }
+  for (int64_t t = 0; t < R; ++t) {  // q and k heads, each L2-normalised; q also scaled by 1/√dk
     ops::l2_norm(&ch[size_t(t * C)], Hk, dk, 1e-6, 1.0f / std::sqrt(float(dk)));
     ops::l2_norm(&ch[size_t(t * C + key_dim)], Hk, dk, 1e-6, 1.0f);
   }
-  Buf beta(static_cast<size_t>(T * Hv)), g(size_t(T * Hv));
-  for (int64_t t = 0; t < T; ++t)
+  for (int64_t t = 0; t < R; ++t)
     for (int j = 0; j < Hv; ++j) {
       const size_t i = size_t(t * Hv + j);
       const float u = alpha[i] + w.dt_bias[size_t(j)];
@@ -97,19 +187,28 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, const float* a, int6
       beta[i] = ops::sigmoid(b[i]);
       g[i] = -std::exp(w.A_log[size_t(j)]) * softplus;  // ≤ 0: decay γ = e^g ≤ 1
     }
-  Buf o(static_cast<size_t>(T * value_dim));
-  ops::DeltaRuleArgs args{T, Hk, Hv, dk, dv, &ch[0], &ch[size_t(key_dim)], &ch[size_t(2 * key_dim)], C, C, C,
-                          beta.data(), g.data(), s.recurrent.data(), o.data()};
-  if (T == 1) ops::gated_delta_rule_recurrent(pool_, args);
-  else ops::gated_delta_rule_chunked(pool_, args);
-  ops::rms_norm_gated(o.data(), z.data(), T * Hv, dv, w.norm.data(), c_.rms_norm_eps, o.data());
-  ops::matmul(pool_, o.data(), T, w.out_proj, out);
+  const float* const ch_all = ch.data();
+  const float *const beta_all = beta.data(), *const g_all = g.data();
+  float* const o_all = o.data();
+  for_each_sequence(pool_, rows.decode, rows.multi, [&](size_t i, ThreadPool* pool) {
+    const SeqStep& s = rows.seqs[i];
+    const int64_t r0 = rows.row0[i];
+    const float* chs = ch_all + r0 * C;
+    ops::DeltaRuleArgs args{s.T, Hk, Hv, dk, dv, chs, chs + key_dim, chs + 2 * key_dim, C, C, C,
+                            beta_all + r0 * Hv, g_all + r0 * Hv, s.state->gdn[size_t(linear)].recurrent.data(),
+                            o_all + r0 * value_dim};
+    if (s.T == 1) ops::gated_delta_rule_recurrent(pool, args);
+    else ops::gated_delta_rule_chunked(pool, args);
+  });
+  ops::rms_norm_gated(o.data(), z.data(), R * Hv, dv, w.norm.data(), c_.rms_norm_eps, o.data());
+  ops::matmul(pool_, o.data(), R, w.out_proj, out);
 }
 
 // SwiGLU MLP (§3.7): down(silu(gate·a) ⊙ up·a).
 void Qwen35Model::mlp_block(const MlpWeights& w, const float* a, int64_t T, float* out) const {
   const int64_t I = w.gate_proj.rows;
-  Buf g(static_cast<size_t>(T * I)), u(size_t(T * I));
+  thread_local Buf g, u;
+  g.resize(size_t(T * I)), u.resize(size_t(T * I));
   const ops::MatmulJob gate_up[] = {{&w.gate_proj, a, T, g.data()}, {&w.up_proj, a, T, u.data()}};
   ops::matmul_group(pool_, gate_up, 2);
   ops::silu_mul(g.data(), I, u.data(), I, T, I, g.data());
@@ -121,7 +220,7 @@ void Qwen35Model::mlp_block(const MlpWeights& w, const float* a, int64_t T, floa
 // the σ-gated shared expert. All gate/up products (routed, shared, shared gate) form one parallel
 // section and all down products a second: a decode step's experts are too small for a fork/join
 // each. Scratch is per thread and only grows, so decode allocates nothing here.
-void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, float* out) const {
+void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, float* out, StepStats* stats) const {
   const int64_t H = c_.hidden_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
   thread_local Buf router, weights, xa, gu, ya, s, sgu, sg;
@@ -141,7 +240,12 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
   std::vector<int32_t>& slot_of_row = count;  // reuse: row → (token·k + slot)
   slot_of_row.assign(size_t(T * k), 0);
   for (int64_t i = 0; i < T * k; ++i) slot_of_row[size_t(fill[size_t(ids[size_t(i)])]++)] = int32_t(i);
-  const int64_t I = c_.moe_intermediate_size, R = T * k;
+  if (stats) {
+    ++stats->moe_layers;
+    for (int e = 0; e < E; ++e) stats->experts_read += start[size_t(e) + 1] > start[size_t(e)];
+  }
+  // The expert size comes from the tensors: the config may omit moe_intermediate_size (0).
+  const int64_t I = w.experts[0].gate_proj.rows, R = T * k;
   xa.resize(size_t(R * H));
   gu.resize(size_t(R * 2 * I));
   ya.resize(size_t(R * H));

@@ -1,10 +1,21 @@
 // The Qwen3.5/3.6 hybrid family (qwen3_5_moe and qwen3_5): one forward pass for both; the FFN
 // (MoE or dense SwiGLU) is chosen from the config. Reads like the HF modeling file.
-// Thread safety: const after construction; forward() may run concurrently for different
-// sequences (the ThreadPool serialises their parallel sections).
+//
+// A forward pass is a *batch* of sequence steps (forward_batch): each sequence brings T_i new
+// tokens and its own SequenceState. Row-wise work (norms, every projection, the router, experts,
+// lm_head) runs once over the concatenated rows, so each weight is read once per step for all
+// sequences; RoPE positions, the KV cache, the conv window and the gated delta rule run per
+// sequence on its own state (T_i = 1: recurrent form; T_i > 1: chunked form). A sequence's
+// results do not depend on what it is batched with: every kernel computes a row (or a head of one
+// sequence) the same way whatever the other rows are, so batched logits equal solo ones bitwise.
+//
+// Thread safety: const after construction. forward_batch may run concurrently on disjoint
+// sequences (the ThreadPool serialises parallel sections), but in a Model only the scheduler
+// thread (engine/scheduler.h) calls it.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "engine/cache/sequence_state.h"
 #include "engine/config.h"
@@ -13,26 +24,47 @@
 
 namespace kiln::engine {
 
+enum class LogitRows { none, last, all };
+
+// One sequence's part of a batched step.
+struct SeqStep {
+  const int32_t* tokens = nullptr;  // T ids at positions state->n_past ..
+  int64_t T = 0;
+  SequenceState* state = nullptr;   // KV for the T positions must be reserved
+  LogitRows logits = LogitRows::last;
+  float* out = nullptr;             // [T][V] (all) or [V] (last); unused for none
+};
+
+// What one step did, for the batch bench.
+struct StepStats {
+  int64_t rows = 0;          // tokens in the step
+  int64_t moe_layers = 0;    // MoE layers run
+  int64_t experts_read = 0;  // distinct routed experts read, summed over MoE layers
+};
+
 class Qwen35Model {
  public:
   Qwen35Model(const ModelConfig& config, const ModelWeights& weights, ThreadPool* pool)
       : c_(config), w_(weights), pool_(pool) {}
 
-  // Runs tokens[0..T) at positions st.n_past.. . KV for those positions must be reserved in
-  // st.kv. Writes logits [T][V] (all_logits) or [1][V] (last position), updates the GDN
-  // states and KV, and advances st.n_past by T. Cannot fail: callers validate first.
+  // Runs every sequence's tokens, updates their GDN states and KV, advances each n_past by T,
+  // and writes the requested logits. Cannot fail: callers validate ids and reserve KV first.
+  void forward_batch(std::span<const SeqStep> seqs, StepStats* stats = nullptr) const;
+
+  // One sequence: forward_batch of one step; logits [T][V] (all_logits) or [V].
   void forward(const int32_t* tokens, int64_t T, SequenceState& st, bool all_logits, float* logits) const;
 
   // Allocates zeroed GDN state for a new sequence.
   void init_state(SequenceState& st) const;
 
  private:
-  void attention_block(const AttentionWeights& w, int layer_slot, const float* a, int64_t T, SequenceState& st,
+  struct Rows;  // row offsets of the sequences in the concatenated batch
+  void attention_block(const AttentionWeights& w, int layer_slot, const float* a, const Rows& rows,
                        float* out) const;
-  void delta_net_block(const DeltaNetWeights& w, const float* a, int64_t T, DeltaNetState& s, CacheDtype dtype,
+  void delta_net_block(const DeltaNetWeights& w, int linear_index, const float* a, const Rows& rows,
                        float* out) const;
   void mlp_block(const MlpWeights& w, const float* a, int64_t T, float* out) const;
-  void moe_block(const MoeWeights& w, const float* a, int64_t T, float* out) const;
+  void moe_block(const MoeWeights& w, const float* a, int64_t T, float* out, StepStats* stats) const;
 
   const ModelConfig& c_;
   const ModelWeights& w_;
