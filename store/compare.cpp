@@ -73,8 +73,10 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
         "     ELSE (b.finished_ms - COALESCE(b.started_ms, b.created_ms)) / 1000.0 END, "
         "m.tokens_generated, m.seconds_decode "
         "FROM builds b JOIN build_metrics m ON m.build_id = b.id "
-        "WHERE b.status IN ('succeeded', 'failed', 'error') ORDER BY b.finished_ms, b.id");
+        "WHERE b.status IN ('succeeded', 'failed', 'error') AND (?1 IS NULL OR b.finished_ms >= ?1) "
+        "ORDER BY b.finished_ms, b.id");
     if (!q) return q.error();
+    q->bind(1, query.since_ms);
     while (true) {
       Result<bool> row = q->step();
       if (!row) return row.error();

@@ -268,6 +268,8 @@ struct StoreStats {
 
 struct CompareQuery {
   std::vector<std::string> models;  // empty = every model with finished builds
+  // Only builds that finished at or after this time (ms since the epoch); nullopt = all time.
+  std::optional<int64_t> since_ms;
 };
 
 struct ModelStats {

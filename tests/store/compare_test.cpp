@@ -112,5 +112,42 @@ TEST(StoreCompare, PairsUseTheLatestRunOfEachTask) {
   EXPECT_EQ(r->pairs[0].only_a, 1);
 }
 
+TEST(StoreCompare, SinceKeepsOnlyBuildsFinishedAtOrAfterIt) {
+  TempDir dir;
+  ManualClock clock;
+  auto store = open_store(dir.file("kiln.db"), &clock);
+  run_build(*store, clock, "t0", "a", false, 10, 100, 1);  // finishes at start + 10 s
+  run_build(*store, clock, "t0", "b", false, 10, 100, 1);  // + 20 s
+  int64_t cutoff = clock.now();                            // the moment b's first build finished
+  run_build(*store, clock, "t0", "a", true, 20, 300, 1);   // + 40 s
+  run_build(*store, clock, "t1", "a", true, 30, 500, 1);   // + 70 s
+
+  CompareQuery q;
+  q.models = {"a", "b"};
+  q.since_ms = cutoff;
+  Result<CompareReport> r = store->compare(q);
+  ASSERT_OK(r);
+  ASSERT_EQ(r->models.size(), 2u);
+  EXPECT_EQ(r->models[0].builds, 2);  // a's first (failed) build is before the cutoff
+  EXPECT_EQ(r->models[0].succeeded, 2);
+  EXPECT_DOUBLE_EQ(r->models[0].median_wall_s, 25);
+  EXPECT_EQ(r->models[1].builds, 1);  // finished exactly at the cutoff: kept
+  ASSERT_EQ(r->pairs.size(), 1u);
+  EXPECT_EQ(r->pairs[0].tasks, 1);
+  EXPECT_EQ(r->pairs[0].only_a, 1);
+
+  q.since_ms = clock.now() + 1;  // nothing finished after now
+  r = store->compare(q);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->models[0].builds, 0);
+  EXPECT_EQ(r->models[1].builds, 0);
+  EXPECT_EQ(r->pairs[0].tasks, 0);
+
+  q.since_ms.reset();  // all time
+  r = store->compare(q);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->models[0].builds, 3);
+}
+
 }  // namespace
 }  // namespace kiln::store
