@@ -1,6 +1,8 @@
 #include "agent/worker.h"
 
+#include <csignal>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <system_error>
 
@@ -11,7 +13,54 @@
 #include "tools/tools.h"
 
 namespace kiln::agent {
+
 namespace {
+std::mutex g_sandbox_failures_mu;
+std::map<std::string, int64_t> g_sandbox_failures;  // guarded by g_sandbox_failures_mu
+}  // namespace
+
+std::map<std::string, int64_t> sandbox_failure_counts() {
+  std::lock_guard lock(g_sandbox_failures_mu);
+  return g_sandbox_failures;
+}
+
+void count_sandbox_failure(const std::string& reason) {
+  std::lock_guard lock(g_sandbox_failures_mu);
+  ++g_sandbox_failures[reason];
+}
+
+std::string sandbox_failure_reason(const nlohmann::json& r) {
+  if (!r.is_object() || !r.contains("exit_code")) return "";
+  if (r.contains("error") && r["error"].is_string() && !r["error"].get<std::string>().empty()) return "start_failed";
+  if (r.value("ok", true) == false) return "start_failed";
+  if (r.value("cancelled", false)) return "";
+  if (r.value("timed_out", false)) return "wall_timeout";
+  int code = r.value("exit_code", 0), sig = r.value("signal", 0);
+  if (code == 128 + SIGXCPU || sig == SIGXCPU) return "cpu_limit";
+  if (code == 128 + SIGXFSZ || sig == SIGXFSZ) return "file_size_limit";
+  if (code == 128 + SIGKILL || sig == SIGKILL) return "killed";
+  return "";
+}
+
+namespace {
+
+// Counts the sandbox failures of the commands the model runs (the bash tool's result data is the
+// sandbox result, or {"infra_error", "sandbox": result} when the sandbox failed).
+class CountingToolExecutor final : public ToolExecutor {
+ public:
+  explicit CountingToolExecutor(ToolExecutor& inner) : inner_(inner) {}
+  std::vector<ToolSchema> schemas() const override { return inner_.schemas(); }
+  ToolObservation run(const ToolCall& call, double timeout_s, const std::atomic<bool>& stop) override {
+    ToolObservation obs = inner_.run(call, timeout_s, stop);
+    const nlohmann::json data = nlohmann::json::parse(obs.data.dump());
+    std::string reason = sandbox_failure_reason(data.contains("sandbox") ? data["sandbox"] : data);
+    if (!reason.empty()) count_sandbox_failure(reason);
+    return obs;
+  }
+
+ private:
+  ToolExecutor& inner_;
+};
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -56,6 +105,12 @@ class BuildRun {
     LeaseKeeper lease(store_, build_.id, build_.attempt, options_.lease_ms, options_.heartbeat_interval, stop_);
     status("setup", {{"attempt", build_.attempt}, {"repo", build_.spec.repo}, {"ref", build_.spec.ref}});
     std::string resume_note;
+    if (!options_.sandbox_unusable.empty()) {
+      count_sandbox_failure("unusable");
+      emit("error", {{"phase", "setup"}, {"message", "the sandbox is unusable on this host: " + options_.sandbox_unusable}});
+      return finish({BuildStatus::error, OutcomeReason::infra_error,
+                     "the sandbox is unusable on this host: " + options_.sandbox_unusable});
+    }
     if (auto error = set_up_workspace(resume_note)) return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
     auto model = models_(build_.spec.model, build_.id);
     if (!model) return finish({BuildStatus::error, OutcomeReason::model_error, "model `" + build_.spec.model + "`: " + model.error()});
@@ -124,7 +179,8 @@ class BuildRun {
     context.max_command_timeout = options_.max_command_timeout;
     context.build_id = std::to_string(build_.id);
     tools::ToolRegistry registry = tools::default_registry();
-    RegistryToolExecutor executor(registry, context);
+    RegistryToolExecutor registry_executor(registry, context);
+    CountingToolExecutor executor(registry_executor);
     AgentTask task{build_.spec.task, build_.spec.repo + (build_.spec.ref.empty() ? "" : " at " + build_.spec.ref),
                    build_.spec.verify.value_or(""), resume_note};
     AgentResult result = run_agent(task, build_limits(options_.limits, build_.spec.limits), model, executor, events_, stop_);
@@ -164,6 +220,7 @@ class BuildRun {
     run_options.cancel = &stop_.flag();
     sandbox::Result r = sandbox::run({"bash", "-c", command}, policy, run_options);
     metrics_.seconds_verify = seconds_since(t0);
+    if (std::string reason = sandbox_failure_reason(r.to_json()); !reason.empty()) count_sandbox_failure(reason);
     emit("log", {{"phase", "verify"}, {"command", command}, {"exit_code", r.exit_code}, {"timed_out", r.timed_out},
                  {"cancelled", r.cancelled}, {"seconds", metrics_.seconds_verify}, {"error", r.error},
                  {"output", cap(r.joined_output(), 16 * 1024)}});

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,9 @@ struct WorkerOptions {
   std::chrono::milliseconds max_command_timeout{600'000};
   std::chrono::milliseconds verify_timeout{600'000};
   std::vector<std::string> models;       // claim only builds for these models; empty = any
+  // Set when the sandbox probe at worker start found it unusable: every build then ends with
+  // infra_error carrying this reason instead of running commands (WorkerPool sets it).
+  std::string sandbox_unusable;
 };
 
 struct BuildReport {
@@ -56,6 +60,20 @@ struct BuildReport {
   std::string message;
   std::string commit;  // the commit on kiln/<id>, when there were changes
 };
+
+// Process-wide counts of sandbox failures in builds (tool commands and verify), by reason, for
+// /metrics. Reasons (sandbox_failure_reason):
+//   start_failed     the sandbox could not start the command (bwrap, fork, workspace, cgroup)
+//   wall_timeout     the watchdog killed the command at its wall-clock limit
+//   cpu_limit        RLIMIT_CPU (SIGXCPU inside the sandbox)
+//   file_size_limit  RLIMIT_FSIZE (SIGXFSZ)
+//   killed           SIGKILL inside the sandbox: the memory cgroup's OOM kill (or the command's own kill -9)
+//   unusable         a build refused because the sandbox probe failed at worker start
+// A command's own non-zero exit is not a sandbox failure; neither is a cancellation.
+std::map<std::string, int64_t> sandbox_failure_counts();
+void count_sandbox_failure(const std::string& reason);
+// The failure reason of a sandbox::Result in its JSON form, or "" when it is not one.
+std::string sandbox_failure_reason(const nlohmann::json& result);
 
 BuildReport run_build(store::Store& store, const store::Build& build, const WorkerOptions& options,
                       const ModelProvider& models, StopSignal& stop);

@@ -11,6 +11,16 @@ WorkerPool::~WorkerPool() { stop(); }
 
 void WorkerPool::start() {
   if (!threads_.empty()) return;
+  sandbox::ProbeReport probe = sandbox::probe(options_.sandbox);
+  if (probe.usable) {
+    std::cerr << "level=info component=agent msg=\"sandbox usable: build commands run under bwrap\"\n";
+  } else {
+    options_.sandbox_unusable = probe.reason.empty() ? "the sandbox probe failed" : probe.reason;
+    std::cerr << "level=error component=agent msg=\"the sandbox (bubblewrap) is UNUSABLE on this host; every build will "
+                 "end with infra_error until it is fixed (run `kiln sandbox probe` for details)\" reason=\""
+              << options_.sandbox_unusable << "\"\n"
+              << probe.to_text();
+  }
   stopping_ = false;
   for (int i = 0; i < workers_; ++i) threads_.emplace_back([this, i] { work(i); });
 }

@@ -26,14 +26,17 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
+  // Probes the sandbox once (sandbox::probe) and logs the verdict: when it is unusable, says why,
+  // and every build this pool claims ends with infra_error naming that reason. Then starts the threads.
   void start();
+  const std::string& sandbox_unusable() const { return options_.sandbox_unusable; }
   void stop();
   int busy() const { return busy_.load(); }               // workers carrying a build now
   int64_t builds_done() const { return done_.load(); }    // builds carried to an end (any)
 
  private:
   void work(int index);
-  const WorkerOptions options_;
+  WorkerOptions options_;  // sandbox_unusable is set by start(), before any thread reads it
   store::Store& store_;
   const ModelProvider models_;
   const int workers_;
