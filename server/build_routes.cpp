@@ -1,9 +1,11 @@
 // The /v1 route functions: request -> response, over the store. Validation errors name the
 // field at fault in the API's own vocabulary (limits.steps, not the store's limits.max_steps).
+#include <algorithm>
 #include <charconv>
 
 #include <nlohmann/json.hpp>
 
+#include "agent/worker.h"
 #include "server/event_hub.h"
 #include "server/http_metrics.h"
 #include "server/models.h"
@@ -67,7 +69,75 @@ std::optional<HttpResponse> int_param(const HttpRequest& req, const char* name, 
   return std::nullopt;
 }
 
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {  // Howard Hinnant's algorithm
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+// Reads exactly `n` decimal digits at text[pos].
+bool digits(std::string_view text, size_t pos, size_t n, int64_t& out) {
+  if (pos + n > text.size()) return false;
+  out = 0;
+  for (size_t i = pos; i < pos + n; ++i) {
+    if (text[i] < '0' || text[i] > '9') return false;
+    out = out * 10 + (text[i] - '0');
+  }
+  return true;
+}
+
 }  // namespace
+
+std::optional<int64_t> parse_since(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  if (text.find_first_not_of("0123456789") == std::string_view::npos) {  // unix seconds
+    if (text.size() > 12) return std::nullopt;
+    int64_t seconds = 0;
+    digits(text, 0, text.size(), seconds);
+    return seconds * 1000;
+  }
+  // RFC 3339: YYYY-MM-DDTHH:MM:SS[.frac](Z|+HH:MM|-HH:MM). A space where the offset's '+' belongs
+  // is read as '+': an unencoded '+' in a query string arrives as a space.
+  int64_t y, mo, d, h, mi, s;
+  if (!digits(text, 0, 4, y) || text.size() < 20 || text[4] != '-' || !digits(text, 5, 2, mo) || text[7] != '-' ||
+      !digits(text, 8, 2, d) || (text[10] != 'T' && text[10] != 't') || !digits(text, 11, 2, h) || text[13] != ':' ||
+      !digits(text, 14, 2, mi) || text[16] != ':' || !digits(text, 17, 2, s)) {
+    return std::nullopt;
+  }
+  static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  if (mo < 1 || mo > 12 || d < 1 || d > kDays[mo - 1] + (mo == 2 && leap) || h > 23 || mi > 59 || s > 60) {
+    return std::nullopt;
+  }
+  size_t pos = 19;
+  int64_t frac_ms = 0;
+  if (text[pos] == '.') {
+    size_t start = ++pos;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+      if (pos - start < 3) frac_ms = frac_ms * 10 + (text[pos] - '0');
+      ++pos;
+    }
+    if (pos == start) return std::nullopt;
+    for (size_t n = std::min<size_t>(pos - start, 3); n < 3; ++n) frac_ms *= 10;
+  }
+  int64_t offset_min = 0;
+  if (pos + 1 == text.size() && (text[pos] == 'Z' || text[pos] == 'z')) {
+    // UTC
+  } else if (pos + 6 == text.size() && (text[pos] == '+' || text[pos] == '-' || text[pos] == ' ')) {
+    int64_t oh, om;
+    if (!digits(text, pos + 1, 2, oh) || text[pos + 3] != ':' || !digits(text, pos + 4, 2, om) || oh > 23 || om > 59) {
+      return std::nullopt;
+    }
+    offset_min = (text[pos] == '-' ? -1 : 1) * (oh * 60 + om);
+  } else {
+    return std::nullopt;
+  }
+  int64_t seconds = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + std::min<int64_t>(s, 59) - offset_min * 60;
+  return seconds * 1000 + frac_ms;
+}
 
 json build_json(const store::Build& b) {
   auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
@@ -250,8 +320,17 @@ RouteResult get_events(int64_t id, const HttpRequest& req, App& app) {
 }
 
 HttpResponse compare_models(const HttpRequest& req, App& app) {
-  if (auto e = reject_unknown_params(req, {"models"})) return *e;
+  if (auto e = reject_unknown_params(req, {"models", "since"})) return *e;
   store::CompareQuery q;
+  if (auto it = req.query.find("since"); it != req.query.end()) {
+    q.since_ms = parse_since(it->second);
+    if (!q.since_ms) {
+      return error_response(400, "invalid_parameter",
+                            "since must be an RFC 3339 timestamp (2026-01-31T12:00:00Z) or unix seconds, got '" +
+                                it->second + "'",
+                            "since");
+    }
+  }
   if (auto it = req.query.find("models"); it != req.query.end()) {
     std::string_view rest = it->second;
     while (!rest.empty()) {
@@ -300,13 +379,25 @@ HttpResponse render_metrics(App& app) {
   } else {
     out += "# store error: " + stats.error().message + "\n";
   }
-  if (auto report = app.store->compare({})) {
+  store::CompareQuery every_model;  // the configured ones (0 until they finish a build), else all
+  for (const ModelConfig& m : app.config->models) every_model.models.push_back(m.name);
+  if (auto report = app.store->compare(every_model)) {
     out += "# HELP kiln_decode_tokens_per_second Decode speed over finished builds, by model.\n";
     out += "# TYPE kiln_decode_tokens_per_second gauge\n";
     for (const store::ModelStats& m : report->models) {
       out += "kiln_decode_tokens_per_second{model=\"" + prometheus_label(m.model) + "\"} " +
              std::to_string(m.decode_tokens_per_s) + "\n";
     }
+  }
+  // Every reason is listed (0 when it never happened) so dashboards see the family from the start.
+  std::map<std::string, int64_t> failures = agent::sandbox_failure_counts();
+  for (const char* reason : {"start_failed", "wall_timeout", "cpu_limit", "file_size_limit", "killed", "unusable"}) {
+    failures.emplace(reason, 0);
+  }
+  out += "# HELP kiln_sandbox_failures_total Build commands the sandbox failed to start or killed for a limit, by reason.\n";
+  out += "# TYPE kiln_sandbox_failures_total counter\n";
+  for (const auto& [reason, n] : failures) {
+    out += "kiln_sandbox_failures_total{reason=\"" + prometheus_label(reason) + "\"} " + std::to_string(n) + "\n";
   }
   if (app.hub != nullptr) {
     out += "# HELP kiln_sse_clients Live event-stream clients.\n# TYPE kiln_sse_clients gauge\n";

@@ -2,6 +2,8 @@
 // deadline (tcp_stream timeouts apply only to async operations).
 #include "server/client.h"
 
+#include <cctype>
+
 #include <boost/asio.hpp>
 #include <boost/beast.hpp>
 
@@ -191,6 +193,21 @@ std::string format_event_line(const nlohmann::json& event) {
   }
   if (line.size() > 2000) line = line.substr(0, 2000) + " …";
   return line;
+}
+
+std::string url_encode(const std::string& value) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : value) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == ',' || c == ':') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
 }
 
 }  // namespace kiln::server

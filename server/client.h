@@ -56,6 +56,9 @@ class Client {
   int timeout_seconds_;
 };
 
+// Percent-encodes a query parameter value (keeps letters, digits, "-._~,:"; '+' becomes %2B).
+std::string url_encode(const std::string& value);
+
 // The message of an API error body ({"error":{"message",..}}), or the body itself.
 std::string api_error_message(const ClientResponse& response);
 

@@ -148,16 +148,52 @@ std::optional<std::string> parse_sampling(const json& j, const std::string& path
   return r.reject_unknown();
 }
 
+// The turns of a scripted test model: checked here so the dispatcher can trust them.
+std::optional<std::string> check_scripted_turns(const json& turns, const std::string& path) {
+  if (!turns.is_array() || turns.empty()) return path + ": expected a non-empty array of turns";
+  for (size_t i = 0; i < turns.size(); ++i) {
+    std::string at = path + "[" + std::to_string(i) + "]";
+    if (!turns[i].is_object()) return at + ": expected an object";
+    ObjectReader r(turns[i], at);
+    std::string text;
+    KILN_TRY(r.string("reasoning", text));
+    KILN_TRY(r.string("text", text));
+    int decode_ms = 0;
+    KILN_TRY(r.integer("decode_ms_per_token", decode_ms, 0));
+    if (r.has("calls")) {
+      const json& calls = r.at("calls");
+      if (!calls.is_array()) return r.field("calls") + ": expected an array";
+      for (size_t c = 0; c < calls.size(); ++c) {
+        std::string call_path = r.field("calls") + "[" + std::to_string(c) + "]";
+        if (!calls[c].is_object()) return call_path + ": expected an object";
+        ObjectReader cr(calls[c], call_path);
+        std::string name;
+        KILN_TRY(cr.string("name", name));
+        if (name.empty()) return cr.field("name") + ": required, a tool name";
+        if (cr.has("arguments") && !cr.at("arguments").is_object()) return cr.field("arguments") + ": expected an object";
+        KILN_TRY(cr.reject_unknown());
+      }
+    }
+    KILN_TRY(r.reject_unknown());
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> parse_model(const json& j, const std::string& path, ModelConfig& m) {
   if (!j.is_object()) return path + ": expected an object";
   ObjectReader r(j, path);
   KILN_TRY(r.string("name", m.name));
   KILN_TRY(r.string("path", m.path));
   if (m.name.empty()) return r.field("name") + ": required, a non-empty string";
-  if (m.path.empty()) return r.field("path") + ": required, a model directory";
+  if (r.has("scripted_test_turns")) {
+    KILN_TRY(check_scripted_turns(r.at("scripted_test_turns"), r.field("scripted_test_turns")));
+    m.scripted_test_turns = r.at("scripted_test_turns").dump();
+  }
+  if (m.path.empty() && m.scripted_test_turns.empty()) return r.field("path") + ": required, a model directory";
   KILN_TRY(r.integer("threads", m.threads, 0));
   KILN_TRY(r.bytes("kv_budget", m.kv_budget_bytes));
   KILN_TRY(r.integer("max_sessions", m.max_sessions, 1));
+  KILN_TRY(r.integer("idle_unload_seconds", m.idle_unload_seconds, 0));
   if (r.has("sampling")) KILN_TRY(parse_sampling(r.at("sampling"), r.field("sampling"), m.sampling));
   return r.reject_unknown();
 }
@@ -192,6 +228,8 @@ std::optional<std::string> parse_config_json(const std::string& text, ServerConf
   KILN_TRY(r.bytes("max_body_bytes", c.max_body_bytes));
   KILN_TRY(r.bytes("sse_buffer_bytes", c.sse_buffer_bytes));
   KILN_TRY(r.integer("sse_ping_seconds", c.sse_ping_seconds, 1));
+  KILN_TRY(r.integer("lease_seconds", c.lease_seconds, 1));
+  KILN_TRY(r.bytes("memory_budget", c.memory_budget_bytes));
   KILN_TRY(r.string("default_model", c.default_model));
   if (r.has("limits")) KILN_TRY(parse_limits(r.at("limits"), "limits", c.limits));
   if (r.has("models")) {

@@ -44,6 +44,12 @@ struct ModelConfig {
   int max_sessions = 4;      // concurrent builds on this model
   SamplingConfig sampling;
   bool demo = false;         // true for the generated random-weight demo model
+  int idle_unload_seconds = 0;  // unload after this long unused (0 = only when memory is short)
+  // A SCRIPTED TEST MODEL (for tests of the whole server; never a default): the JSON array of
+  // assistant turns it replays for every build, each {"reasoning", "text", "calls": [{"name",
+  // "arguments"}], "decode_ms_per_token"}. Non-empty means no engine and no `path`; the log and
+  // /v1/models say what it is. Config key: "scripted_test_turns".
+  std::string scripted_test_turns;
 };
 
 struct LimitsConfig {
@@ -66,6 +72,13 @@ struct ServerConfig {
   std::string default_model;     // "" = the first model
   LimitsConfig limits;
   std::string var_dir = "var";   // where the demo model and the default database live
+  // A worker's lease on its build: renewed every lease/4 (at most 2 s); when a worker (or the
+  // whole process) dies, recovery requeues its build this long after the last renewal. The
+  // server runs recovery at start and every max(1 s, lease/2).
+  int lease_seconds = 30;
+  // Memory for loaded engine models (their weights + kv_budget); loading one past it unloads idle
+  // models, least recently used first. 0 = no budget (models stay loaded unless idle-unloaded).
+  uint64_t memory_budget_bytes = 0;
 };
 
 // Parses a configuration document over `base` (fields absent from the file keep base's values).

@@ -1,5 +1,7 @@
-// Dispatcher: loads the configured models into the in-process engine and runs the agent's
-// WorkerPool over the store, so queued builds are carried to an outcome. Beast-free.
+// Dispatcher: runs the agent's WorkerPool over the store, so queued builds are carried to an
+// outcome, with the configured models behind it: engine models through a ModelHost (loaded on
+// first use, unloaded when idle or when memory is short; a sweeper thread checks once a second),
+// scripted test models replayed from the config. Beast-free.
 // A model that fails to load is logged and shown in /v1/models; its builds end with model_error.
 // Lifecycle: start() -> running -> stop() (the pool stops first; models outlive every build).
 #pragma once
@@ -16,6 +18,7 @@ class Store;
 namespace kiln::server {
 
 class ModelRegistry;
+class ModelHost;
 
 class Dispatcher {
  public:
@@ -23,6 +26,7 @@ class Dispatcher {
                                            std::ostream& log);
   ~Dispatcher();
   void stop();  // idempotent
+  ModelHost* host();  // the engine models' host
 
   struct Impl;
 

@@ -38,7 +38,14 @@ ModelRegistry::ModelRegistry(std::vector<ModelConfig> models) : models_(std::mov
 
 void ModelRegistry::set_engine_state(const std::string& name, bool loaded, json plan) {
   std::lock_guard lock(mu_);
-  engine_[name] = {loaded, std::move(plan)};
+  EngineState& e = engine_[name];
+  e.loaded = loaded;
+  e.plan = std::move(plan);
+}
+
+void ModelRegistry::set_host_state(const std::string& name, json state) {
+  std::lock_guard lock(mu_);
+  engine_[name].host = std::move(state);
 }
 
 json ModelRegistry::describe(store::Store* store) const {
@@ -70,7 +77,11 @@ json ModelRegistry::describe(store::Store* store) const {
                   {"sampling", {{"temperature", m.sampling.temperature},
                                 {"top_p", m.sampling.top_p},
                                 {"top_k", m.sampling.top_k}}}};
-    if (auto err = read_architecture(m.path, arch)) {
+    entry["kind"] = m.scripted_test_turns.empty() ? "engine" : "scripted_test";
+    if (!m.scripted_test_turns.empty()) {
+      entry["architecture"] = nullptr;
+      entry["warning"] = "SCRIPTED TEST MODEL: replays a fixed list of turns from the config; not a language model";
+    } else if (auto err = read_architecture(m.path, arch)) {
       entry["architecture"] = nullptr;
       entry["architecture_error"] = *err;
     } else {
@@ -79,6 +90,8 @@ json ModelRegistry::describe(store::Store* store) const {
     auto it = engine_.find(m.name);
     entry["loaded"] = it != engine_.end() && it->second.loaded;
     entry["capacity_plan"] = it != engine_.end() ? it->second.plan : json(nullptr);
+    entry["residency"] = it != engine_.end() ? it->second.host : json(nullptr);
+    entry["idle_unload_seconds"] = m.idle_unload_seconds;
     entry["stats"] = {{"sessions_in_use", running[m.name]}, {"max_sessions", m.max_sessions},
                       {"decode_tokens_per_s", decode_tps[m.name]}};
     if (m.demo) {

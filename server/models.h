@@ -31,6 +31,9 @@ class ModelRegistry {
   const std::vector<ModelConfig>& models() const { return models_; }
   // Records what the engine reported for a model (loaded or not, its capacity plan as JSON).
   void set_engine_state(const std::string& name, bool loaded, nlohmann::json plan);
+  // The model host's view (state loaded/loading/unloaded, in_use, estimated_bytes, loads, ...),
+  // shown as "residency" in /v1/models.
+  void set_host_state(const std::string& name, nlohmann::json state);
   // The /v1/models document. `store` may be null (no live stats then).
   nlohmann::json describe(store::Store* store) const;
 
@@ -38,6 +41,7 @@ class ModelRegistry {
   struct EngineState {
     bool loaded = false;
     nlohmann::json plan;  // null until the engine planned it
+    nlohmann::json host;  // null for models the host does not manage
   };
   std::vector<ModelConfig> models_;
   mutable std::mutex mu_;

@@ -14,12 +14,14 @@
 //   GET  /v1/builds/{id}/events          ?after=&limit= -> {events, next_after, terminal};
 //                                        with Accept: text/event-stream -> an SSE stream
 //   GET  /v1/models                      configured models, loaded or not, plan and live stats
-//   GET  /v1/compare                     ?models=a,b -> the store's comparison report
+//   GET  /v1/compare                     ?models=a,b&since=T -> the store's comparison report
+//                                        (since: RFC 3339 or unix seconds; builds finished since)
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "server/config.h"
 #include "server/http_types.h"
@@ -74,6 +76,9 @@ std::optional<int64_t> parse_build_id(const std::string& segment);
 // The submit body -> a BuildSpec (config supplies the default model and limits); a 400 naming the
 // field on malformed JSON, a wrong type, a missing or an unknown field.
 std::optional<HttpResponse> parse_submit(const std::string& body, const ServerConfig& config, store::BuildSpec& spec);
+// `since` of /v1/compare: RFC 3339 ("2026-01-31T12:00:00Z", "...+02:00", fractions allowed) or
+// unix seconds ("1769860800") -> ms since the epoch; nullopt for anything else.
+std::optional<int64_t> parse_since(std::string_view text);
 // A build as the API shows it (limits as steps/tokens/wall_seconds, no diff text).
 nlohmann::json build_json(const store::Build& build);
 

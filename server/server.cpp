@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <csignal>
 #include <ostream>
@@ -32,14 +33,36 @@ struct Server::Impl {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::shared_ptr<Listener> listener;
   std::vector<std::thread> io_threads;
+  std::thread recovery;  // requeues builds whose lease expired (a worker or a process died)
 
   std::mutex mu;
   std::condition_variable cv;
   int running_io_threads = 0;  // guarded by mu
   bool stop_requested = false; // guarded by mu
   bool stopped = false;        // guarded by mu
+  bool recovery_stop = false;  // guarded by mu
 
   Impl(const ServerConfig& c, std::ostream& l) : config(c), log(l) {}
+
+  // One recovery pass; logs what it did. Runs on the starting thread, then on `recovery`.
+  void recover_once() {
+    auto report = store->recover();
+    if (!report) {
+      log << "level=warn msg=\"recovery failed\" error=\"" << report.error().message << "\"" << std::endl;
+    } else if (report->requeued + report->errored + report->cancelled > 0) {
+      log << "level=warn msg=\"recovered builds whose lease expired\" requeued=" << report->requeued
+          << " errored=" << report->errored << " cancelled=" << report->cancelled << std::endl;
+    }
+  }
+  void recovery_loop() {
+    auto interval = std::chrono::milliseconds(std::max(1000, config.lease_seconds * 500));
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, interval, [&] { return recovery_stop; })) {
+      lock.unlock();
+      recover_once();
+      lock.lock();
+    }
+  }
 };
 
 std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& log, std::string& error) {
@@ -50,6 +73,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
   auto impl = std::make_unique<Impl>(config, log);
   store::StoreOptions store_options;
   store_options.path = config.db_path;
+  store_options.recover_on_open = false;  // recover_once() below, which logs what it did
   if (!config.models.empty()) {
     std::set<std::string> names;
     for (const ModelConfig& m : config.models) names.insert(m.name);
@@ -61,6 +85,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
     return nullptr;
   }
   impl->store = std::move(opened.value());
+  impl->recover_once();  // builds a dead process left running, once their leases have expired
   impl->feed = std::make_unique<StoreFeed>(*impl->store);
   HubOptions hub_options;
   hub_options.ping_interval = std::chrono::seconds(config.sse_ping_seconds);
@@ -80,6 +105,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
   impl->listener->run();
   impl->work.emplace(impl->ioc.get_executor());
   Impl* raw = impl.get();
+  raw->recovery = std::thread([raw] { raw->recovery_loop(); });
   for (int i = 0; i < std::max(1, config.io_threads); ++i) {
     {
       std::lock_guard lock(raw->mu);
@@ -145,6 +171,12 @@ void Server::stop() {
   // 5. Workers stop; builds they were carrying keep their leases until expiry, and a restarted
   //    server's recovery re-queues them.
   if (s.dispatcher) s.dispatcher->stop();
+  {
+    std::lock_guard lock(s.mu);
+    s.recovery_stop = true;
+    s.cv.notify_all();
+  }
+  if (s.recovery.joinable()) s.recovery.join();
   s.store->stop_waiting();
   s.log << "level=info msg=\"kiln serve stopped\"" << std::endl;
 }

@@ -1,6 +1,6 @@
 // Client subcommands that talk to a running kiln server over HTTP:
 //   kiln submit --repo R --task T [--verify V] [--model M] [--follow]
-//   kiln logs ID [--follow]      kiln builds      kiln cancel ID      kiln compare --models a,b
+//   kiln logs ID [--follow]      kiln builds      kiln cancel ID      kiln compare --models a,b [--since T]
 // Every one takes --server URL (default $KILN_SERVER or http://127.0.0.1:8080) and --token
 // (default $KILN_TOKEN). Exit codes: 0 ok (for --follow: the build succeeded), 1 failure, 2 usage.
 #include <CLI/CLI.hpp>
@@ -251,15 +251,22 @@ void add_client_commands(CLI::App& app, Context& ctx) {
   {
     struct O : Common {
       std::string models;
+      std::string since;
     };
     auto o = std::make_shared<O>();
     CLI::App* sub = app.add_subcommand("compare", "Compare build duration and success across models");
     sub->add_option("--models", o->models, "Comma-separated model names (default: all)");
+    sub->add_option("--since", o->since,
+                    "Only builds finished since this time: RFC 3339 (2026-01-31T12:00:00Z) or unix seconds");
     add_common(sub, *o);
     sub->callback([&ctx, o] {
       auto client = make_client(*o, ctx, "compare");
       if (!client) return;
-      auto report = call(*client, ctx, "compare", "GET", "/v1/compare" + (o->models.empty() ? "" : "?models=" + o->models));
+      std::string query;
+      if (!o->models.empty()) query += "&models=" + server::url_encode(o->models);
+      if (!o->since.empty()) query += "&since=" + server::url_encode(o->since);
+      if (!query.empty()) query[0] = '?';
+      auto report = call(*client, ctx, "compare", "GET", "/v1/compare" + query);
       if (!report) return;
       ctx.out << std::left << std::setw(24) << "MODEL" << std::right << std::setw(7) << "BUILDS" << std::setw(9)
               << "SUCCESS" << std::setw(10) << "MEDIAN" << std::setw(10) << "P90" << std::setw(12) << "TOKENS"

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "server/cli/cli.h"
+#include "test_server.h"
 
 namespace {
 
@@ -69,6 +70,36 @@ TEST(Cli, ServeRejectsMalformedListenAddress) {
   CliResult r = run_cli({"serve", "--listen", "localhost"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--listen"), std::string::npos) << r.err;
+}
+
+TEST(Cli, CompareSinceAgainstARunningServer) {
+  kiln::server::testing::TempDir dir;
+  kiln::server::testing::ServerFixture f(kiln::server::testing::test_config(dir));
+  for (const char* model : {"test-model", "other-model"}) {
+    auto b = f.store().submit(kiln::server::testing::spec_for("shared task", model));
+    ASSERT_TRUE(b.ok());
+    int attempt = kiln::server::testing::claim_build(f.store(), b->id);
+    kiln::store::FinishRequest fin;
+    fin.status = kiln::store::BuildStatus::succeeded;
+    fin.reason = kiln::store::OutcomeReason::no_verify;
+    ASSERT_TRUE(f.store().finish(b->id, attempt, fin).ok());
+  }
+  // An offset with '+' must survive the query string (the client percent-encodes it).
+  CliResult all = run_cli({"compare", "--server", f.url(), "--models", "test-model,other-model", "--since",
+                           "2000-01-01T01:00:00+01:00"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_NE(all.out.find("test-model"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("1 shared tasks"), std::string::npos) << all.out;
+  CliResult none = run_cli({"compare", "--server", f.url(), "--models", "test-model", "--since", "4102444800"});
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  std::istringstream row(none.out.substr(none.out.find("\ntest-model") + 1));
+  std::string name;
+  int builds = -1;
+  row >> name >> builds;
+  EXPECT_EQ(builds, 0) << none.out;  // nothing finished since 2100
+  CliResult bad = run_cli({"compare", "--server", f.url(), "--since", "last week"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("since"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -232,6 +232,37 @@ TEST_F(RoutesTest, CompareReturnsTheStoreReportAndValidatesModels) {
   EXPECT_EQ(report["pairs"][0]["both_succeeded"], 1);
   expect_error(call("GET", "/v1/compare?models=a,,b"), 400, "models");
   expect_error(call("GET", "/v1/compare?since=yesterday"), 400, "since");
+
+  // since: the builds above finished just now; an hour ahead leaves nothing, the past keeps both.
+  int64_t later_s = store_->now_ms() / 1000 + 3600;
+  json none = body_of(call("GET", "/v1/compare?models=test-model&since=" + std::to_string(later_s)));
+  EXPECT_EQ(none["models"][0]["builds"], 0) << none;
+  json both = body_of(call("GET", "/v1/compare?models=test-model,other-model&since=2000-01-01T00:00:00Z"));
+  EXPECT_EQ(both["models"][0]["builds"], 1) << both;
+  EXPECT_EQ(both["pairs"][0]["tasks"], 1) << both;
+  for (const char* bad : {"2026-13-01T00:00:00Z", "2026-02-30T00:00:00Z", "2026-01-01", "2026-01-01T00:00:00",
+                          "-5", "1.5", "2026-01-01T00:00:00+0100", "now"}) {
+    expect_error(call("GET", std::string("/v1/compare?since=") + bad), 400, "since");
+  }
+}
+
+TEST(Since, ParsesRfc3339AndUnixSeconds) {
+  EXPECT_EQ(parse_since("0"), 0);
+  EXPECT_EQ(parse_since("1769860800"), 1769860800000);
+  EXPECT_EQ(parse_since("2026-01-31T12:00:00Z"), 1769860800000);  // date -u -d 2026-01-31T12:00:00Z +%s
+  EXPECT_EQ(parse_since("2026-01-31t12:00:00z"), 1769860800000);
+  EXPECT_EQ(parse_since("2026-01-31T14:30:00+02:30"), 1769860800000);
+  EXPECT_EQ(parse_since("2026-01-31T14:30:00 02:30"), 1769860800000);  // '+' decoded as a space
+  EXPECT_EQ(parse_since("2026-01-31T09:00:00-03:00"), 1769860800000);
+  EXPECT_EQ(parse_since("2026-01-31T12:00:00.25Z"), 1769860800250);
+  EXPECT_EQ(parse_since("2026-01-31T12:00:00.123456Z"), 1769860800123);
+  EXPECT_EQ(parse_since("2024-02-29T00:00:00Z"), 1709164800000);  // leap day
+  EXPECT_EQ(parse_since("1970-01-01T00:00:00Z"), 0);
+  EXPECT_FALSE(parse_since("2023-02-29T00:00:00Z"));
+  EXPECT_FALSE(parse_since("2026-01-31T24:00:00Z"));
+  EXPECT_FALSE(parse_since("2026-01-31T12:00:00.Z"));
+  EXPECT_FALSE(parse_since(""));
+  EXPECT_FALSE(parse_since("2026-01-31T12:00:00Zjunk"));
 }
 
 TEST_F(RoutesTest, ModelsListsConfiguredModelsEvenWhenNotLoadable) {

@@ -4,16 +4,21 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <csignal>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "agent/worker.h"
 #include "server/event_hub.h"
 #include "server/http_metrics.h"
 #include "test_server.h"
@@ -125,6 +130,143 @@ TEST(Server, SubmitThenFollowTheEventStreamToItsEnd) {
   EXPECT_EQ(end_status, "succeeded");
   EXPECT_EQ(seqs, all_seqs(f.store(), id));  // every event, in order, once
   EXPECT_GE(seqs.size(), 22u);                // 20 logs + the store's status events
+}
+
+// The live path: the real worker pool claims the build, clones the repository, runs the scripted
+// test model's tool calls in the sandbox, verifies, commits; the stream shows it all, then `end`.
+TEST(Server, RealWorkersRunAScriptedBuildAndTheStreamShowsItsToolCalls) {
+  TempDir dir;
+  testing::make_git_repo(dir.path() / "repo");
+  ServerFixture f(testing::live_config(dir, testing::scripted_turns_json(2, 2)));
+  json body = {{"repo", (dir.path() / "repo").string()},
+               {"task", "make calc.sh add"},
+               {"verify", "test \"$(bash calc.sh)\" = 2"}};
+  auto r = f.call("POST", "/v1/builds", body.dump());
+  ASSERT_EQ(r.status, 201) << r.body;
+  int64_t id = f.json_of(r)["id"];
+  std::vector<std::string> calls, phases, outputs;
+  std::vector<int64_t> seqs;
+  std::string end_status, end_reason;
+  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
+    json e = json::parse(m.data);
+    if (m.event == "end") {
+      end_status = e["status"];
+      end_reason = e["reason"];
+      return StreamControl::stop;
+    }
+    seqs.push_back(*m.id);
+    if (m.event == "tool_call") calls.push_back(e["payload"]["name"]);
+    if (m.event == "tool_result") outputs.push_back(e["payload"]["output"]);
+    if (m.event == "status" && e["payload"].contains("phase")) phases.push_back(e["payload"]["phase"]);
+    return StreamControl::keep_going;
+  });
+  ASSERT_FALSE(err.has_value()) << *err;
+  EXPECT_EQ(end_status, "succeeded");
+  EXPECT_EQ(end_reason, "verified");
+  EXPECT_EQ(calls, (std::vector<std::string>{"bash", "bash", "str_replace", "submit"}));
+  ASSERT_GE(outputs.size(), 2u);
+  EXPECT_EQ(outputs[0], "[exit code 0]\n1\n");  // ran in the sandbox, in the clone
+  EXPECT_EQ(outputs[1], "[exit code 0]\n2\n");
+  for (const char* phase : {"setup", "agent", "verify", "commit"}) {
+    EXPECT_NE(std::find(phases.begin(), phases.end(), phase), phases.end()) << "no status phase " << phase;
+  }
+  EXPECT_EQ(seqs, all_seqs(f.store(), id));
+  auto diff = f.call("GET", "/v1/builds/" + std::to_string(id) + "/diff");
+  EXPECT_NE(diff.body.find("+echo $((1 + 1))"), std::string::npos) << diff.body;
+}
+
+// Prometheus text: "# TYPE name kind" lines and "name{label="v",...} value" samples. Fails the
+// test on a line that is neither; returns sample -> value and fills `types`.
+std::map<std::string, double> parse_prometheus(const std::string& text, std::map<std::string, std::string>& types) {
+  std::map<std::string, double> samples;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string name, kind;
+      t >> name >> kind;
+      types[name] = kind;
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    size_t space = line.rfind(' ');
+    std::string series = line.substr(0, space);
+    size_t brace = series.find('{');
+    std::string name = series.substr(0, brace);
+    bool name_ok = !name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyz_:0123456789") == std::string::npos;
+    bool labels_ok = brace == std::string::npos || series.back() == '}';
+    EXPECT_TRUE(space != std::string::npos && name_ok && labels_ok) << "not a sample: " << line;
+    EXPECT_TRUE(types.count(name)) << "sample before its # TYPE: " << line;
+    samples[series] = std::stod(line.substr(space + 1));
+  }
+  return samples;
+}
+
+TEST(Server, SandboxFailureReasonsFromSandboxResults) {
+  auto reason = [](json r) { return agent::sandbox_failure_reason(r); };
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 0}, {"signal", 0}, {"timed_out", false}}), "");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 1}, {"signal", 0}, {"timed_out", false}}), "");  // the command's own
+  EXPECT_EQ(reason({{"ok", false}, {"exit_code", -1}, {"error", "bwrap: not found"}}), "start_failed");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 143}, {"timed_out", true}}), "wall_timeout");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 128 + SIGXCPU}}), "cpu_limit");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 128 + SIGXFSZ}}), "file_size_limit");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 137}}), "killed");
+  EXPECT_EQ(reason({{"ok", true}, {"exit_code", 137}, {"cancelled", true}}), "");  // cancelled by kiln
+  EXPECT_EQ(reason({{"path", "a.txt"}}), "");  // not a command
+}
+
+// /metrics after a real build whose command the sandbox kills at its timeout: every family the
+// issue lists is there, parses, and counts what happened.
+TEST(Server, MetricsHaveEveryFamilyAndCountABuildAndASandboxTimeout) {
+  TempDir dir;
+  testing::make_git_repo(dir.path() / "repo");
+  json turns = json::array({{{"reasoning", "Run the slow thing, but not for long."},
+                             {"calls", {{{"name", "bash"}, {"arguments", {{"command", "sleep 30"}, {"timeout", 1}}}}}}},
+                            {{"calls", {{{"name", "submit"}, {"arguments", {{"summary", "done"}}}}}}}});
+  ServerFixture f(testing::live_config(dir, turns.dump()));
+  std::map<std::string, std::string> types;
+  auto before = parse_prometheus(f.call("GET", "/metrics").body, types);
+  auto r = f.call("POST", "/v1/builds", json{{"repo", (dir.path() / "repo").string()}, {"task", "wait"}}.dump());
+  ASSERT_EQ(r.status, 201);
+  int64_t id = f.json_of(r)["id"];
+  std::string end;
+  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
+    if (m.event != "end") return StreamControl::keep_going;
+    end = json::parse(m.data)["status"];
+    return StreamControl::stop;
+  });
+  ASSERT_FALSE(err.has_value()) << *err;
+  ASSERT_EQ(end, "succeeded");
+
+  auto scrape = f.call("GET", "/metrics");
+  EXPECT_EQ(scrape.content_type.rfind("text/plain; version=0.0.4", 0), 0u) << scrape.content_type;
+  types.clear();
+  auto m = parse_prometheus(scrape.body, types);
+  EXPECT_EQ(types["kiln_builds"], "gauge");
+  EXPECT_EQ(types["kiln_queue_depth"], "gauge");
+  EXPECT_EQ(types["kiln_tokens_total"], "counter");
+  EXPECT_EQ(types["kiln_decode_tokens_per_second"], "gauge");
+  EXPECT_EQ(types["kiln_http_requests_total"], "counter");
+  EXPECT_EQ(types["kiln_sandbox_failures_total"], "counter");
+  for (const char* status : {"queued", "running", "succeeded", "failed", "cancelled", "error"}) {
+    EXPECT_TRUE(m.count("kiln_builds{status=\"" + std::string(status) + "\"}")) << status;
+  }
+  EXPECT_EQ(m["kiln_builds{status=\"succeeded\"}"], 1);
+  EXPECT_EQ(m["kiln_queue_depth"], 0);
+  for (const char* kind : {"prefilled", "cached", "generated", "reasoning"}) {
+    EXPECT_TRUE(m.count("kiln_tokens_total{kind=\"" + std::string(kind) + "\"}")) << kind;
+  }
+  EXPECT_GT(m["kiln_tokens_total{kind=\"generated\"}"], 0);
+  EXPECT_GT(m["kiln_tokens_total{kind=\"reasoning\"}"], 0);
+  EXPECT_GT(m["kiln_decode_tokens_per_second{model=\"scripted-test\"}"], 0);
+  EXPECT_EQ(m["kiln_http_requests_total{route=\"/v1/builds\",code=\"201\"}"], 1);
+  EXPECT_GE(m["kiln_http_requests_total{route=\"/metrics\",code=\"200\"}"], 1);
+  const std::string timeouts = "kiln_sandbox_failures_total{reason=\"wall_timeout\"}";
+  EXPECT_EQ(m[timeouts] - before[timeouts], 1) << scrape.body;
+  for (const char* reason : {"start_failed", "cpu_limit", "file_size_limit", "killed", "unusable"}) {
+    EXPECT_TRUE(m.count("kiln_sandbox_failures_total{reason=\"" + std::string(reason) + "\"}")) << reason;
+  }
 }
 
 TEST(Server, ReconnectWithLastEventIdHasNoGapAndNoDuplicate) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -52,6 +53,51 @@ inline ServerConfig test_config(const TempDir& dir) {
   ModelConfig m2 = m;
   m2.name = "other-model";
   c.models.push_back(m2);
+  return c;
+}
+
+// A git repository with one commit (README, calc.sh) at `dir`, made with the git CLI (test setup).
+inline void make_git_repo(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  std::string d = dir.string();
+  std::string cmd = "cd '" + d + "' && git init -q -b main . && printf 'kiln test repository\\n' > README && "
+                    "printf 'echo $((1 - 1))\\n' > calc.sh && git add . && "
+                    "git -c user.name=kiln -c user.email=kiln@example.invalid commit -qm init";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The turns of a scripted test model (ServerConfig's "scripted_test_turns"): `bash_turns` turns
+// that each think for a while (decode_ms per scripted token) and run one bash command, then
+// one that fixes calc.sh, then `submit`. `extra_command` (if any) runs as the last bash call.
+inline std::string scripted_turns_json(int bash_turns, int decode_ms, const std::string& extra_command = {}) {
+  nlohmann::json turns = nlohmann::json::array();
+  for (int i = 1; i <= bash_turns; ++i) {
+    turns.push_back({{"reasoning", "Step " + std::to_string(i) + ": look at the workspace before changing it."},
+                     {"decode_ms_per_token", decode_ms},
+                     {"calls", {{{"name", "bash"}, {"arguments", {{"command", "echo step-" + std::to_string(i) +
+                                                                                 " >> .kiln/steps && wc -l < .kiln/steps"}}}}}}});
+  }
+  turns.push_back({{"text", "The sign in calc.sh is wrong."},
+                   {"calls", {{{"name", "str_replace"},
+                               {"arguments", {{"path", "calc.sh"}, {"old_str", "1 - 1"}, {"new_str", "1 + 1"}}}}}}});
+  if (!extra_command.empty()) {
+    turns.push_back({{"calls", {{{"name", "bash"}, {"arguments", {{"command", extra_command}}}}}}});
+  }
+  turns.push_back({{"calls", {{{"name", "submit"}, {"arguments", {{"summary", "calc.sh adds now"}}}}}}});
+  return turns.dump();
+}
+
+// A server whose real worker pool runs builds on the scripted test model "scripted-test".
+inline ServerConfig live_config(const TempDir& dir, const std::string& turns_json) {
+  ServerConfig c = test_config(dir);
+  c.start_workers = true;
+  c.workers = 1;
+  c.lease_seconds = 2;
+  c.models.clear();
+  ModelConfig m;
+  m.name = "scripted-test";
+  m.scripted_test_turns = turns_json;
+  c.models.push_back(m);
   return c;
 }
 

@@ -1,14 +1,17 @@
-// The web page in headless Chromium against a running server: the build page streams the log
-// (tool calls shown folded), the status turns `succeeded`, and a screenshot is saved under
-// <build>/test-output/. Chromium is a Debian package (scripts/deps-extra.txt).
+// The web page in headless Chromium against a running server: the build page streams the log of
+// a build the real workers are running (tool calls shown folded) and then turns `succeeded`; a
+// screenshot is saved under <build>/test-output/. Chromium is a Debian package
+// (scripts/deps-extra.txt); the live page is driven over the DevTools pipe (chromium.h).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "chromium.h"
 #include "test_server.h"
 
 namespace kiln::server {
@@ -40,56 +43,56 @@ std::string run_chromium(const std::string& profile, const std::string& extra_ar
   return out;
 }
 
-// Plays a scripted build through the store: the tool calls and results a real agent emits.
-void play_build(store::Store& s, int64_t id, int attempt) {
-  auto emit = [&](const char* kind, const json& payload) {
-    ASSERT_TRUE(s.append_event(id, attempt, kind, payload.dump()).ok());
-  };
-  emit("reasoning", {{"text", "I should look at the failing test first."}});
-  emit("tool_call", {{"id", "c1"}, {"name", "bash"}, {"arguments", {{"command", "make test"}}}, {"step", 1}});
-  emit("tool_result", {{"id", "c1"}, {"name", "bash"}, {"ok", false}, {"output", "FAIL: test_add\nexit 1"}});
-  emit("tool_call", {{"id", "c2"}, {"name", "str_replace"},
-                     {"arguments", {{"path", "calc.c"}, {"old_str", "a - b"}, {"new_str", "a + b"}}}, {"step", 2}});
-  emit("tool_result", {{"id", "c2"}, {"name", "str_replace"}, {"ok", true}, {"output", "replaced 1 occurrence"}});
-  emit("model_text", {{"text", "Fixed the sign in add()."}});
-}
-
-TEST(Web, BuildPageStreamsToolCallsAndTurnsSucceeded) {
+// The page shown while the build runs. The build is held inside its last bash call until the
+// test creates a gate file in the build's workspace, so "while it runs" is a fact, not a race.
+TEST(Web, BuildPageStreamsToolCallsWhileTheBuildRunsThenTurnsSucceeded) {
   testing::TempDir dir;
-  testing::ServerFixture f(testing::test_config(dir));
-  auto submitted = f.call("POST", "/v1/builds", R"({"repo":"/tmp/calc","task":"make the tests pass","verify":"make test"})");
-  ASSERT_EQ(submitted.status, 201);
+  testing::make_git_repo(dir.path() / "repo");
+  std::string gate = "while [ ! -e /workspace/.kiln/go ]; do sleep 0.05; done; echo released";
+  testing::ServerFixture f(testing::live_config(dir, testing::scripted_turns_json(2, 2, gate)));
+  json body = {{"repo", (dir.path() / "repo").string()},
+               {"task", "make calc.sh add"},
+               {"verify", "test \"$(bash calc.sh)\" = 2"}};
+  auto submitted = f.call("POST", "/v1/builds", body.dump());
+  ASSERT_EQ(submitted.status, 201) << submitted.body;
   int64_t id = f.json_of(submitted)["id"];
-  int attempt = testing::claim_build(f.store(), id);
-  ASSERT_GT(attempt, 0);
-  play_build(f.store(), id, attempt);
 
-  // The build finishes before the page loads: headless Chromium's virtual-time budget does not
-  // reliably wait for a still-open stream, so the page must get the whole log and `end` from SSE.
-  {
-    store::FinishRequest fin;
-    fin.status = store::BuildStatus::succeeded;
-    fin.reason = store::OutcomeReason::verified;
-    fin.result_diff = "--- a/calc.c\n+++ b/calc.c\n@@ -1 +1 @@\n-  return a - b;\n+  return a + b;\n";
-    ASSERT_TRUE(f.store().finish(id, attempt, fin).ok());
-  }
-  std::string page = f.url() + "/#/build/" + std::to_string(id);
-  std::string dom = run_chromium((dir.path() / "profile1").string(), "--dump-dom --virtual-time-budget=20000", page);
-  ASSERT_FALSE(dom.empty()) << "chromium printed nothing";
-  EXPECT_NE(dom.find("tool call: bash"), std::string::npos) << dom;
-  EXPECT_NE(dom.find("tool call: str_replace"), std::string::npos) << dom;
+  testing::Chromium browser(dir.path() / "profile");
+  ASSERT_EQ(browser.open(f.url() + "/#/build/" + std::to_string(id)), "");
+  // Live: all the tool calls so far (the gate's included) are on the page and it says running.
+  auto calls = [](const char* name, int n) {
+    return "[...document.querySelectorAll('details.tool-call summary')].filter(s => s.textContent.endsWith('tool call: " +
+           std::string(name) + "')).length >= " + std::to_string(n);
+  };
+  std::string running = std::string("(document.getElementById('status')||{}).textContent === 'running' && ") +
+                        calls("bash", 3) + " && " + calls("str_replace", 1);
+  ASSERT_TRUE(browser.wait_until(running, std::chrono::seconds(30))) << browser.error() << "\n"
+                                                                       << browser.eval("document.body.innerHTML")->dump();
+  EXPECT_EQ(f.json_of(f.call("GET", "/v1/builds/" + std::to_string(id)))["status"], "running");
+  EXPECT_TRUE(*browser.eval("document.getElementById('log').getAttribute('data-state') === 'streaming'"));
+  EXPECT_FALSE(*browser.eval(calls("submit", 1)));
+
+  // Release the build; the same page follows it to the end.
+  std::ofstream(dir.path() / "workspaces" / ("build-" + std::to_string(id)) / ".kiln" / "go") << "go\n";
+  ASSERT_TRUE(browser.wait_until("document.getElementById('status').textContent === 'succeeded' && "
+                                 "document.getElementById('log').getAttribute('data-state') === 'ended' && "
+                                 "!!document.getElementById('diff')",
+                                 std::chrono::seconds(30)))
+      << browser.error();
+  std::string dom = browser.eval("document.documentElement.outerHTML")->get<std::string>();
+  EXPECT_NE(dom.find("tool call: submit"), std::string::npos) << dom;
   EXPECT_NE(dom.find("<details class=\"tool-call\""), std::string::npos) << "tool calls are folded";
+  EXPECT_NE(dom.find("<details class=\"tool-result\""), std::string::npos) << "tool results are folded";
   EXPECT_NE(dom.find("class=\"ev ev-reasoning reasoning\""), std::string::npos) << "reasoning is dimmed";
-  EXPECT_NE(dom.find("id=\"status\" class=\"status succeeded\">succeeded<"), std::string::npos) << dom;
-  EXPECT_NE(dom.find("data-state=\"ended\""), std::string::npos) << dom;
+  EXPECT_NE(dom.find("released"), std::string::npos) << "the gate's output";
+  EXPECT_NE(dom.find("(verified)"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("+echo $((1 + 1))"), std::string::npos) << "the diff is shown";
 
   std::filesystem::path out_dir = std::filesystem::path(KILN_BINARY_DIR) / "test-output";
   std::filesystem::create_directories(out_dir);
   std::filesystem::path shot = out_dir / "web_build_page.png";
   std::filesystem::remove(shot);
-  run_chromium((dir.path() / "profile2").string(),
-               "--window-size=1280,1000 --virtual-time-budget=10000 --screenshot=" + shot.string(), page);
-  ASSERT_TRUE(std::filesystem::exists(shot)) << "no screenshot at " << shot;
+  ASSERT_TRUE(browser.screenshot(shot)) << browser.error();
   EXPECT_GT(std::filesystem::file_size(shot), 5000u);
 }
 

@@ -1,0 +1,248 @@
+#include "server/model_host.h"
+
+#include <filesystem>
+#include <ostream>
+
+#include "agent/engine_provider.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/models.h"
+
+namespace kiln::server {
+
+namespace fs = std::filesystem;
+
+uint64_t checkpoint_bytes(const std::string& model_dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".safetensors") total += it->file_size(ec);
+  }
+  return total;
+}
+
+// One loaded engine model and what opens chat models on it.
+struct ModelHost::Loaded {
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::Tokenizer> tokenizer;
+  agent::ModelProvider provider;
+};
+
+struct ModelHost::Slot {
+  ModelConfig config;
+  uint64_t estimated_bytes = 0;
+  std::shared_ptr<Loaded> loaded;  // null when unloaded
+  bool loading = false;
+  int in_use = 0;
+  Clock::time_point last_used{};
+  std::string load_error;
+  int64_t loads = 0, unloads = 0;
+};
+
+// A build's chat model; the model stays loaded while it lives. Its engine session (inner_) is
+// closed before the host is told, so an unload never pulls the model from under a session.
+class ModelHost::Lease final : public agent::ChatModel {
+ public:
+  Lease(ModelHost& host, std::string name, std::shared_ptr<Loaded> loaded, std::unique_ptr<agent::ChatModel> inner)
+      : host_(host), name_(std::move(name)), loaded_(std::move(loaded)), inner_(std::move(inner)) {}
+  ~Lease() override {
+    inner_.reset();
+    loaded_.reset();
+    host_.release(name_);
+  }
+  std::string name() const override { return inner_->name(); }
+  int64_t context_limit() const override { return inner_->context_limit(); }
+  agent::Result<int64_t> prompt_tokens(const std::vector<agent::Message>& conversation,
+                                       const std::vector<agent::ToolSchema>& tools) override {
+    return inner_->prompt_tokens(conversation, tools);
+  }
+  agent::ModelTurn next_turn(const agent::TurnRequest& request, const agent::DeltaSink& on_delta,
+                             const std::atomic<bool>& cancel) override {
+    return inner_->next_turn(request, on_delta, cancel);
+  }
+
+ private:
+  ModelHost& host_;
+  std::string name_;
+  std::shared_ptr<Loaded> loaded_;
+  std::unique_ptr<agent::ChatModel> inner_;
+};
+
+ModelHost::ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_bytes, ModelRegistry* registry,
+                     std::ostream& log)
+    : budget_(memory_budget_bytes), registry_(registry), log_(log) {
+  for (ModelConfig& m : models) {
+    auto slot = std::make_unique<Slot>();
+    slot->estimated_bytes = checkpoint_bytes(m.path) + m.kv_budget_bytes;
+    slot->config = std::move(m);
+    publish_locked(*slot);
+    slots_[slot->config.name] = std::move(slot);
+  }
+}
+
+ModelHost::~ModelHost() = default;
+
+bool ModelHost::hosts(const std::string& name) const { return slots_.count(name) > 0; }
+
+void ModelHost::publish_locked(const Slot& s) {
+  if (registry_ == nullptr) return;
+  nlohmann::json plan = nullptr;
+  if (s.loaded) {
+    const engine::CapacityPlan& p = s.loaded->model->plan();
+    plan = {{"budget_bytes", p.budget_bytes},
+            {"max_sessions", p.max_sessions},
+            {"kv_bytes_per_token", p.kv_bytes_per_token},
+            {"state_bytes_per_session", p.state_bytes_per_session},
+            {"kv_tokens", p.kv_tokens},
+            {"max_position_embeddings", p.max_position_embeddings},
+            {"full_length_sessions", p.full_length_sessions}};
+  }
+  registry_->set_engine_state(s.config.name, s.loaded != nullptr, std::move(plan));
+  registry_->set_host_state(s.config.name, {{"state", s.loaded ? "loaded" : s.loading ? "loading" : "unloaded"},
+                                            {"in_use", s.in_use},
+                                            {"estimated_bytes", s.estimated_bytes},
+                                            {"idle_unload_seconds", s.config.idle_unload_seconds},
+                                            {"loads", s.loads},
+                                            {"unloads", s.unloads},
+                                            {"load_error", s.load_error.empty() ? nlohmann::json(nullptr)
+                                                                                : nlohmann::json(s.load_error)}});
+}
+
+void ModelHost::unload_locked(Slot& s, const char* why, std::vector<std::shared_ptr<Loaded>>& freed) {
+  freed.push_back(std::move(s.loaded));
+  ++s.unloads;
+  log_ << "level=info msg=\"model unloaded\" model=" << s.config.name << " reason=" << why
+       << " estimated_bytes=" << s.estimated_bytes << std::endl;
+  publish_locked(s);
+}
+
+agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::string& name, int64_t build_id) {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) return agent::Error{"no model named '" + name + "' is configured"};
+  Slot& s = *it->second;
+  std::vector<std::shared_ptr<Loaded>> freed;  // unloaded models, destroyed after the lock is released
+  std::unique_lock lock(mu_);
+  loaded_cv_.wait(lock, [&] { return !s.loading; });
+  if (!s.loaded) {
+    // Make room: idle models, least recently used first.
+    uint64_t in_memory = 0;
+    for (auto& [n, other] : slots_) in_memory += other->loaded || other->loading ? other->estimated_bytes : 0;
+    while (budget_ > 0 && in_memory + s.estimated_bytes > budget_) {
+      Slot* victim = nullptr;
+      for (auto& [n, other] : slots_) {
+        if (other->loaded && other->in_use == 0 && (!victim || other->last_used < victim->last_used)) victim = other.get();
+      }
+      if (victim == nullptr) {
+        std::string busy;
+        for (auto& [n, other] : slots_) busy += other->loaded || other->loading ? (busy.empty() ? "" : ", ") + n : "";
+        return agent::Error{"loading model '" + name + "' (about " + std::to_string(s.estimated_bytes >> 20) +
+                            " MiB) would exceed memory_budget (" + std::to_string(budget_ >> 20) +
+                            " MiB) while models in use hold the rest: " + busy};
+      }
+      in_memory -= victim->estimated_bytes;
+      unload_locked(*victim, "memory_budget", freed);
+    }
+    s.loading = true;
+    publish_locked(s);
+    lock.unlock();
+    freed.clear();  // frees the evicted models' memory before the new one is loaded
+
+    log_ << "level=info msg=\"loading model (first use)\" model=" << name << " path=" << s.config.path << std::endl;
+    engine::EngineOptions options;
+    options.threads = s.config.threads;
+    options.kv_budget_bytes = static_cast<int64_t>(s.config.kv_budget_bytes);
+    options.max_sessions = s.config.max_sessions;
+    auto loaded = std::make_shared<Loaded>();
+    std::string error;
+    auto model = engine::Model::load(s.config.path, options);
+    if (!model.ok()) {
+      error = "model failed to load: " + model.error();
+    } else {
+      auto tokenizer = engine::Tokenizer::load_model_dir(s.config.path);
+      if (!tokenizer.ok()) {
+        error = "tokenizer failed to load: " + tokenizer.error;
+      } else {
+        loaded->model = std::move(model.value());
+        loaded->tokenizer = std::move(tokenizer.tokenizer);
+        agent::EngineChatModelOptions chat;
+        chat.sampling.temperature = static_cast<float>(s.config.sampling.temperature);
+        chat.sampling.top_p = static_cast<float>(s.config.sampling.top_p);
+        chat.sampling.top_k = s.config.sampling.top_k;
+        chat.sampling.seed = s.config.sampling.seed;
+        loaded->provider =
+            agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}});
+      }
+    }
+
+    lock.lock();
+    s.loading = false;
+    loaded_cv_.notify_all();
+    if (!error.empty()) {
+      s.load_error = error;
+      publish_locked(s);
+      log_ << "level=error msg=\"model failed to load; its builds end with model_error\" model=" << name
+           << " error=\"" << error << "\"" << std::endl;
+      return agent::Error{error};
+    }
+    s.loaded = std::move(loaded);
+    s.load_error.clear();
+    ++s.loads;
+    const engine::CapacityPlan& plan = s.loaded->model->plan();
+    log_ << "level=info msg=\"model loaded\" model=" << name << " kv_tokens=" << plan.kv_tokens
+         << " max_sessions=" << plan.max_sessions << " full_length_sessions=" << plan.full_length_sessions
+         << " estimated_bytes=" << s.estimated_bytes
+         << (s.config.demo ? " warning=\"RANDOM WEIGHTS (demo)\"" : "") << std::endl;
+  }
+  std::shared_ptr<Loaded> loaded = s.loaded;
+  ++s.in_use;
+  s.last_used = Clock::now();
+  publish_locked(s);
+  lock.unlock();
+
+  auto opened = loaded->provider(name, build_id);  // opens an engine session; outside the lock
+  if (!opened.ok()) {
+    release(name);
+    return agent::Error{opened.error()};
+  }
+  return std::unique_ptr<agent::ChatModel>(
+      std::make_unique<Lease>(*this, name, std::move(loaded), std::move(opened).value()));
+}
+
+void ModelHost::release(const std::string& name) {
+  std::lock_guard lock(mu_);
+  Slot& s = *slots_.at(name);
+  --s.in_use;
+  s.last_used = Clock::now();
+  publish_locked(s);
+}
+
+int ModelHost::sweep(Clock::time_point now) {
+  std::vector<std::shared_ptr<Loaded>> freed;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [name, s] : slots_) {
+      int idle_s = s->config.idle_unload_seconds;
+      if (s->loaded && s->in_use == 0 && idle_s > 0 && now - s->last_used >= std::chrono::seconds(idle_s)) {
+        unload_locked(*s, "idle", freed);
+      }
+    }
+  }
+  return static_cast<int>(freed.size());
+}
+
+ModelHost::ModelState ModelHost::state(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  auto it = slots_.find(name);
+  if (it == slots_.end()) return {};
+  const Slot& s = *it->second;
+  return {s.loaded != nullptr, s.in_use, s.estimated_bytes, s.load_error, s.loads, s.unloads};
+}
+
+uint64_t ModelHost::loaded_bytes() const {
+  std::lock_guard lock(mu_);
+  uint64_t total = 0;
+  for (auto& [n, s] : slots_) total += s->loaded ? s->estimated_bytes : 0;
+  return total;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,83 @@
+// ModelHost: the engine models of `kiln serve`, loaded on first use and unloaded when idle.
+//
+//   open(name, build)  loads the model if it is not loaded (first use), then opens one chat model
+//                      (one engine session) for the build. The model counts as in use until that
+//                      chat model is destroyed.
+//   memory budget      before loading, the host adds the model's estimated footprint (its
+//                      safetensors files + its kv_budget) to what is loaded; over the budget it
+//                      unloads idle models, least recently used first; if in-use models alone
+//                      leave no room the build gets a model_error naming the budget.
+//   sweep(now)         unloads models idle longer than their idle_unload_seconds (0 = never).
+// A model that fails to load is retried at its next use; the error is shown in /v1/models.
+// Threading: every method is thread-safe. Loading runs outside the lock (other models stay
+// usable); a second build asking for a model being loaded waits for that load.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "agent/worker.h"
+#include "server/config.h"
+
+namespace kiln::engine {
+class Model;
+class Tokenizer;
+}  // namespace kiln::engine
+
+namespace kiln::server {
+
+class ModelRegistry;
+
+// Bytes a model directory's weights take when loaded as stored: the sum of its *.safetensors.
+uint64_t checkpoint_bytes(const std::string& model_dir);
+
+class ModelHost {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `models`: the engine models (scripted test models are not the host's). `memory_budget_bytes`
+  // 0 = no budget. `registry` (may be null) is told every load and unload for /v1/models.
+  ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_bytes, ModelRegistry* registry, std::ostream& log);
+  ~ModelHost();
+  ModelHost(const ModelHost&) = delete;
+  ModelHost& operator=(const ModelHost&) = delete;
+
+  bool hosts(const std::string& name) const;
+  agent::Result<std::unique_ptr<agent::ChatModel>> open(const std::string& name, int64_t build_id);
+  // Unloads models idle since before now - idle_unload_seconds; returns how many.
+  int sweep(Clock::time_point now = Clock::now());
+
+  struct ModelState {
+    bool loaded = false;
+    int in_use = 0;                   // open chat models
+    uint64_t estimated_bytes = 0;     // weights + kv budget
+    std::string load_error;           // of the last failed load
+    int64_t loads = 0, unloads = 0;   // since start
+  };
+  ModelState state(const std::string& name) const;
+  uint64_t loaded_bytes() const;
+
+ private:
+  struct Loaded;
+  struct Slot;
+  class Lease;
+  void release(const std::string& name);
+  // mu_ held: moves the model into `freed`, which the caller destroys after releasing mu_.
+  void unload_locked(Slot& slot, const char* why, std::vector<std::shared_ptr<Loaded>>& freed);
+  void publish_locked(const Slot& slot);  // tells the registry (for /v1/models)
+
+  const uint64_t budget_;
+  ModelRegistry* registry_;
+  std::ostream& log_;
+  mutable std::mutex mu_;
+  std::condition_variable loaded_cv_;
+  std::map<std::string, std::unique_ptr<Slot>> slots_;  // guarded by mu_ (the map is fixed after construction)
+};
+
+}  // namespace kiln::server

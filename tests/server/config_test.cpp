@@ -1,0 +1,57 @@
+// kiln serve's configuration file: the fields this server added (leases, memory budget, idle
+// unloading, scripted test models) parse, and mistakes are errors naming the field.
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+
+namespace kiln::server {
+namespace {
+
+std::string parse_error(const std::string& text) {
+  ServerConfig c;
+  auto err = parse_config_json(text, c);
+  return err ? *err : "";
+}
+
+TEST(Config, LeaseMemoryBudgetAndIdleUnloading) {
+  ServerConfig c;
+  ASSERT_EQ(parse_config_json(R"({"lease_seconds": 5, "memory_budget": "2GiB",
+      "models": [{"name": "m", "path": "/models/m", "idle_unload_seconds": 600}]})", c), std::nullopt);
+  EXPECT_EQ(c.lease_seconds, 5);
+  EXPECT_EQ(c.memory_budget_bytes, 2ull << 30);
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_EQ(c.models[0].idle_unload_seconds, 600);
+  EXPECT_TRUE(c.models[0].scripted_test_turns.empty());
+
+  ServerConfig defaults;
+  EXPECT_EQ(defaults.lease_seconds, 30);
+  EXPECT_EQ(defaults.memory_budget_bytes, 0u);
+  EXPECT_EQ(parse_error(R"({"lease_seconds": 0})"), "lease_seconds: expected an integer >= 1");
+  EXPECT_NE(parse_error(R"({"memory_budget": "lots"})").find("memory_budget"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"models": [{"name": "m", "path": "p", "idle_unload_seconds": -1}]})")
+                .find("models[0].idle_unload_seconds"),
+            std::string::npos);
+}
+
+TEST(Config, ScriptedTestModelNeedsNoPathAndItsTurnsAreChecked) {
+  ServerConfig c;
+  ASSERT_EQ(parse_config_json(R"({"models": [{"name": "scripted-test", "scripted_test_turns": [
+      {"reasoning": "look", "decode_ms_per_token": 3, "calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+      {"calls": [{"name": "submit", "arguments": {"summary": "ok"}}]}]}]})", c), std::nullopt);
+  ASSERT_EQ(c.models.size(), 1u);
+  EXPECT_TRUE(c.models[0].path.empty());
+  EXPECT_NE(c.models[0].scripted_test_turns.find("\"bash\""), std::string::npos);
+
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "s", "scripted_test_turns": []}]})"),
+            "models[0].scripted_test_turns: expected a non-empty array of turns");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "s", "scripted_test_turns": [{"calls": [{"arguments": {}}]}]}]})"),
+            "models[0].scripted_test_turns[0].calls[0].name: required, a tool name");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "s", "scripted_test_turns": [{"txt": "typo"}]}]})"),
+            "models[0].scripted_test_turns[0].txt: unknown field");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "s", "scripted_test_turns": [{"calls": [{"name": "x", "arguments": 3}]}]}]})"),
+            "models[0].scripted_test_turns[0].calls[0].arguments: expected an object");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "m"}]})"), "models[0].path: required, a model directory");
+}
+
+}  // namespace
+}  // namespace kiln::server
