@@ -90,7 +90,10 @@ std::unique_ptr<Dispatcher> Dispatcher::start(const ServerConfig& config, store:
   impl->host = std::make_unique<ModelHost>(std::move(engine_models), config.memory_budget_bytes, &registry, log);
 
   agent::WorkerOptions options;
-  options.workspace_root = std::filesystem::path(config.var_dir) / "workspaces";
+  // Absolute: the sandbox binds the workspace by path and refuses relative ones (var_dir is
+  // relative by default).
+  std::error_code ec;
+  options.workspace_root = std::filesystem::absolute(std::filesystem::path(config.var_dir) / "workspaces", ec);
   options.lease_ms = int64_t{config.lease_seconds} * 1000;
   options.heartbeat_interval = std::min(std::chrono::milliseconds(2000), std::chrono::milliseconds(options.lease_ms / 4));
   int workers = config.workers > 0 ? config.workers : std::max(1, slots);

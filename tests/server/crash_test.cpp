@@ -177,20 +177,25 @@ TEST(Crash, KillNineMidBuildThenRestartRecoversAndFinishesTheBuild) {
     EXPECT_EQ(after[i].id, seen[i].id);
     EXPECT_EQ(after[i].data, seen[i].data) << "event " << i + 1 << " changed across the crash";
   }
-  // The second attempt resumed from the first one's workspace: its steps file kept counting.
-  bool resumed = false, counted_past_crash = false;
+  // The second attempt resumed from the first one's workspace: its steps file kept counting
+  // (a fresh clone would start again at 1).
+  bool resumed = false;
+  int first_attempt_steps = 0, second_attempt_first_count = 0;
   for (const SseMessage& m : after) {
     json e = json::parse(m.data);
-    if (e["attempt"] != 2) continue;
-    if (m.event == "log" && e["payload"].value("phase", "") == "resume") {
+    if (m.event == "log" && e["attempt"] == 2 && e["payload"].value("phase", "") == "resume") {
       resumed = e["payload"].value("from", "") == "workspace";
     }
-    if (m.event == "tool_result" && e["payload"].dump().find("[exit code 0]\\n3") != std::string::npos) {
-      counted_past_crash = true;  // attempt 1 wrote two lines before the kill
+    if (m.event != "tool_result" || e["payload"].value("name", "") != "bash") continue;
+    std::string output = e["payload"].value("output", "");
+    if (e["attempt"] == 1) ++first_attempt_steps;
+    if (e["attempt"] == 2 && second_attempt_first_count == 0 && output.rfind("[exit code 0]\n", 0) == 0) {
+      second_attempt_first_count = std::stoi(output.substr(14));
     }
   }
   EXPECT_TRUE(resumed) << "no resume-from-workspace log event in attempt 2";
-  EXPECT_TRUE(counted_past_crash);
+  EXPECT_EQ(first_attempt_steps, 2);
+  EXPECT_GE(second_attempt_first_count, first_attempt_steps + 1);
 
   ClientResponse r;
   ASSERT_FALSE(c2.request("GET", "/v1/builds/" + std::to_string(ids[0]), "", r).has_value());
