@@ -48,8 +48,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 Result<std::unique_ptr<EngineChatModel>> EngineChatModel::open(engine::Model& model, const engine::Tokenizer& tokenizer,
-                                                               std::string name, EngineChatModelOptions options) {
-  auto session = model.open_session();
+                                                               std::string name, EngineChatModelOptions options,
+                                                               const engine::OpenOptions* admission) {
+  auto session = admission ? model.open_session_waiting(*admission) : model.open_session();
   if (!session) return Error{"engine session for " + name + ": " + session.error()};
   auto im_end = tokenizer.token_id("<|im_end|>");
   auto endoftext = tokenizer.token_id("<|endoftext|>");

@@ -34,9 +34,11 @@ struct EngineChatModelOptions {
 
 class EngineChatModel final : public ChatModel {
  public:
-  // Opens a session on `model` (fails when the engine has no free session slot).
+  // Opens a session on `model`. Without `admission` it fails when the engine has no free session
+  // slot; with it, it waits in line (admission.priority, admission.on_wait with the position).
   static Result<std::unique_ptr<EngineChatModel>> open(engine::Model& model, const engine::Tokenizer& tokenizer,
-                                                       std::string name, EngineChatModelOptions options = {});
+                                                       std::string name, EngineChatModelOptions options = {},
+                                                       const engine::OpenOptions* admission = nullptr);
 
   std::string name() const override { return name_; }
   int64_t context_limit() const override { return context_limit_; }

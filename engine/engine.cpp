@@ -84,7 +84,7 @@ Result<std::unique_ptr<Session>> Model::open_session_waiting(const OpenOptions& 
   for (;;) {
     const int64_t pos = position(w);
     if (open_ < options_.max_sessions && pos == 1) break;
-    if (o.cancel && o.cancel->load()) {
+    if ((o.cancel && o.cancel->load()) || (o.cancelled && o.cancelled())) {
       leave();
       return make_error("cancelled while waiting for a session slot (position " + std::to_string(pos) + ")");
     }

@@ -67,6 +67,7 @@ struct OpenOptions {
   // time it changes, while every session slot is taken.
   std::function<void(int64_t position)> on_wait;
   const std::atomic<bool>* cancel = nullptr;  // checked every 100 ms while waiting
+  std::function<bool()> cancelled;            // also checked every 100 ms (e.g. the build was cancelled)
 };
 
 class Session;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/batch_bench.h"
 #include "engine/engine.h"
 #include "engine/make_tiny.h"
 #include "engine/speed_bench.h"
@@ -328,16 +329,49 @@ void add_bench(CLI::App& engine, Context& ctx) {
   struct Args : ModelArgs {
     int prompt_tokens = 512, gen_tokens = 128, runs = 3;
     bool json = false;
+    std::string sessions;  // non-empty: the batching bench (engine/batch_bench.h)
+    int64_t prefill_chunk = 512, fairness_prompt = 4096;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* sub = engine.add_subcommand("bench", "Measure prefill and decode speed against the memory bandwidth");
+  CLI::App* sub = engine.add_subcommand(
+      "bench", "Measure prefill and decode speed against the memory bandwidth; with --sessions, batched decoding");
   a->weights = "q8";
   add_model_args(sub, *a);
   sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length");
-  sub->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per run");
+  sub->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per run (per session with --sessions)");
   sub->add_option("--runs", a->runs, "Runs (the median is reported)");
+  sub->add_option("--sessions", a->sessions,
+                  "Concurrencies to measure batched decoding at, e.g. 1,2,4,8,16 (sessions on their own threads)");
+  sub->add_option("--prefill-chunk", a->prefill_chunk, "With --sessions: prefill tokens per scheduler step");
+  sub->add_option("--fairness-prompt", a->fairness_prompt,
+                  "With --sessions: prefill admitted while 4 sessions decode (0: skip)");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->callback([&ctx, a] {
+    if (!a->sessions.empty()) {
+      BatchBenchOptions o;
+      o.model_dir = a->model;
+      o.weights = weights_choice(a->weights);
+      o.threads = a->threads;
+      o.prompt_tokens = a->prompt_tokens;
+      o.gen_tokens = a->gen_tokens;
+      o.prefill_chunk = a->prefill_chunk;
+      o.fairness_prompt_tokens = a->fairness_prompt;
+      o.progress = true;
+      std::vector<int32_t> counts;
+      std::string bad;
+      if (!parse_ids(a->sessions, counts, bad)) return void(fail(ctx, "bench", "--sessions: `" + bad + "` is not a number"));
+      o.sessions.assign(counts.begin(), counts.end());
+      auto r = run_batch_bench(o);
+      if (!r) return void(fail(ctx, "bench", r.error()));
+      if (a->json) ctx.out << r->to_json() << "\n";
+      else
+        ctx.out << r->to_table("kiln engine bench --model " + a->model + " --weights " + a->weights + " --threads " +
+                               std::to_string(a->threads) + " --sessions " + a->sessions + " --prompt-tokens " +
+                               std::to_string(a->prompt_tokens) + " --gen-tokens " + std::to_string(a->gen_tokens) +
+                               " --prefill-chunk " + std::to_string(a->prefill_chunk) + " --fairness-prompt " +
+                               std::to_string(a->fairness_prompt));
+      return;
+    }
     SpeedBenchOptions o;
     o.model_dir = a->model;
     o.weights = weights_choice(a->weights);

@@ -1,7 +1,12 @@
 // EngineChatModel on a real (random-weight) make-tiny model with the tiny Qwen tokenizer.
 #include "agent/engine_chat_model.h"
 
+#include <mutex>
+#include <thread>
+
 #include <gtest/gtest.h>
+
+#include "agent/engine_provider.h"
 
 #include "test_support.h"
 
@@ -96,6 +101,104 @@ TEST(EngineChatModel, cancel_stops_generation_after_one_token) {
   auto t = (*opened)->next_turn({conv, tools(), 500}, nullptr, cancel);
   EXPECT_EQ(t.end, TurnEnd::cancelled);
   EXPECT_LE(t.usage.generated_tokens, 1);
+}
+
+
+// Eight agent threads on a model with four session slots: the last four wait in line (seeing
+// their position), every build's turns complete, and the sessions' steps were batched.
+TEST(EngineChatModel, eight_threads_share_four_slots_and_all_complete) {
+  TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  engine::EngineOptions o;
+  o.threads = 2;
+  o.max_sessions = 4;
+  o.kv_budget_bytes = int64_t(64) << 20;
+  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  engine::Model& m = **loaded;
+  std::mutex mu;
+  std::vector<int64_t> positions;
+  std::vector<std::string> errors;
+  std::vector<int> turns_done(8, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&, i] {
+      EngineChatModelOptions options;
+      options.sampling.temperature = 1.0f;
+      options.sampling.seed = uint64_t(i);
+      engine::OpenOptions admission;
+      admission.priority = i % 3;
+      admission.on_wait = [&](int64_t p) {
+        std::lock_guard<std::mutex> lock(mu);
+        positions.push_back(p);
+      };
+      auto opened = EngineChatModel::open(m, *tiny.tokenizer, "tiny", options, &admission);
+      if (!opened.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(opened.error());
+        return;
+      }
+      std::vector<Message> conv{make_message(Role::system, "You are kiln."),
+                                make_message(Role::user, "Task " + std::to_string(i))};
+      std::atomic<bool> cancel{false};
+      for (int turn = 0; turn < 3; ++turn) {
+        auto t = (*opened)->next_turn({conv, tools(), 12}, nullptr, cancel);
+        if (t.end == TurnEnd::error) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(t.error);
+          return;
+        }
+        conv.push_back(t.message);
+        conv.push_back(tool_message("ok " + std::to_string(turn), "call_" + std::to_string(turn), "bash"));
+        ++turns_done[size_t(i)];
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(errors.empty()) << errors.front();
+  EXPECT_EQ(turns_done, std::vector<int>(8, 3));
+  EXPECT_FALSE(positions.empty()) << "no build waited for a slot";
+  for (int64_t p : positions) EXPECT_TRUE(p >= 1 && p <= 4) << p;
+  EXPECT_EQ(m.open_sessions(), 0);
+}
+
+// With a store, a build waiting for a slot emits status events with its place in line.
+TEST(EngineProvider, waiting_build_emits_its_position) {
+  TinyEngine tiny;  // max_sessions = 2
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  testing::TempDir dir;
+  testing::TestStore ts(dir.path());
+  store::BuildSpec spec;
+  spec.repo = "/tmp/none";
+  spec.task = "t";
+  spec.model = "tiny";
+  spec.priority = 3;
+  auto build = ts.store->submit(spec);
+  ASSERT_TRUE(build.ok()) << build.error().message;
+  auto claimed = ts.store->claim({"test/worker-0", 30'000, {}});  // events are fenced by the attempt
+  ASSERT_TRUE(claimed.ok() && claimed->has_value());
+  auto provider = engine_model_provider({{"tiny", {tiny.model.get(), tiny.tokenizer.get(), {}}}}, ts.store.get());
+  auto a = tiny.model->open_session(), b = tiny.model->open_session();
+  ASSERT_TRUE(a.ok() && b.ok());
+  Result<std::unique_ptr<ChatModel>> got = Error{"not run"};
+  std::thread t([&] { got = provider("tiny", build->id); });
+  for (int i = 0; i < 400 && tiny.model->waiting_sessions() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(tiny.model->waiting_sessions(), 1);
+  a->reset();  // a slot frees: the build is admitted
+  t.join();
+  ASSERT_TRUE(got.ok()) << got.error();
+  auto events = ts.store->read_events(build->id, 0, 100);
+  ASSERT_TRUE(events.ok()) << events.error().message;
+  int waiting = 0;
+  for (const auto& e : *events) {
+    if (e.kind != "status") continue;
+    auto j = Json::parse(e.payload_json);
+    if (j.value("phase", "") != "waiting_for_engine") continue;
+    ++waiting;
+    EXPECT_EQ(j["position"].get<int64_t>(), 1);
+    EXPECT_EQ(j["model"].get<std::string>(), "tiny");
+  }
+  EXPECT_EQ(waiting, 1);
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+// The batching measurement (`kiln engine bench --sessions 1,2,4,8,16`): for each concurrency n,
+// n sessions (each on its own thread, as agents are) prefill a prompt and then generate together
+// through the scheduler. Reported per n: aggregate and per-session decode tokens/s, the mean
+// step time, distinct routed experts read per MoE layer per step (the expert-union effect), and
+// the tokens/s of one more session's prefill admitted while the n decode. Then the fairness check
+// of issue 10: a long prefill (4,096 tokens) admitted while 4 sessions decode, with their worst
+// step time before and during it against the time of one prefill chunk alone.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/quant.h"
+#include "engine/status.h"
+
+namespace kiln::engine {
+
+struct BatchBenchOptions {
+  std::string model_dir;
+  std::optional<cpu::WeightFormat> weights = cpu::WeightFormat::q8;  // nullopt: as stored
+  int threads = 0;
+  std::vector<int> sessions = {1, 2, 4, 8, 16};
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 32;
+  int64_t prefill_chunk = 512;
+  int64_t fairness_prompt_tokens = 4096;  // 0: skip the fairness check
+  int fairness_decoders = 4;
+  uint64_t seed = 1;
+  bool progress = false;
+};
+
+struct BatchBenchRow {
+  int n = 0;
+  double aggregate_tok_s = 0;     // n · gen_tokens / wall time of the decode phase
+  double per_session_tok_s = 0;   // mean over sessions of gen_tokens / that session's own time
+  double step_ms = 0;             // mean step time in the decode phase
+  double experts_per_layer = 0;   // distinct routed experts read per MoE layer per step
+  double prefill_tok_s = 0;       // a prompt_tokens prefill while the n sessions decode
+  double prefill_step_ms = 0;     // mean step time while that prefill ran
+};
+
+struct FairnessReport {
+  int decoders = 0;
+  int64_t prompt_tokens = 0, chunk_tokens = 0;
+  double worst_step_before_ms = 0;  // decode-only steps just before the prefill
+  double worst_step_during_ms = 0;  // steps that carried a prefill chunk
+  double chunk_alone_ms = 0;        // one chunk_tokens prefill step with nothing else
+  double raise_ms() const { return worst_step_during_ms - worst_step_before_ms; }
+  double prefill_s = 0;             // the long prefill's own duration
+};
+
+struct BatchBenchReport {
+  std::string weights;
+  int threads = 0;
+  int64_t prompt_tokens = 0, gen_tokens = 0, prefill_chunk = 0;
+  std::vector<BatchBenchRow> rows;
+  std::optional<FairnessReport> fairness;
+
+  std::string to_json() const;                           // {"sessions": [{"n": …, …}], "fairness": {…}}
+  std::string to_table(const std::string& command) const;  // markdown, with the command line
+};
+
+Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& options);
+
+}  // namespace kiln::engine
