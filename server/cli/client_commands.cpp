@@ -211,8 +211,8 @@ void add_client_commands(CLI::App& app, Context& ctx) {
       auto client = make_client(*o, ctx, "builds");
       if (!client) return;
       std::string target = "/v1/builds?limit=" + std::to_string(o->limit);
-      if (!o->status.empty()) target += "&status=" + o->status;
-      if (!o->model.empty()) target += "&model=" + o->model;
+      if (!o->status.empty()) target += "&status=" + server::url_encode(o->status);
+      if (!o->model.empty()) target += "&model=" + server::url_encode(o->model);
       auto page = call(*client, ctx, "builds", "GET", target);
       if (!page) return;
       ctx.out << std::left << std::setw(8) << "ID" << std::setw(11) << "STATUS" << std::setw(15) << "REASON"

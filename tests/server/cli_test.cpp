@@ -1,7 +1,11 @@
-// The kiln command line: parsing, help, and the error for an unknown subcommand.
+// The kiln command line: parsing, help, usage errors, and the client commands (submit --follow,
+// logs, builds, cancel, compare --since) against a running server.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "server/cli/cli.h"
 #include "test_server.h"
@@ -70,6 +74,46 @@ TEST(Cli, ServeRejectsMalformedListenAddress) {
   CliResult r = run_cli({"serve", "--listen", "localhost"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--listen"), std::string::npos) << r.err;
+}
+
+// The client commands against a server whose real workers run the scripted test model.
+TEST(Cli, SubmitFollowLogsBuildsAndCancelAgainstALiveServer) {
+  namespace t = kiln::server::testing;
+  t::TempDir dir;
+  t::make_git_repo(dir.path() / "repo");
+  std::string gate = "if [ -e /workspace/.kiln/hold ]; then sleep 60; fi; echo free";
+  t::ServerFixture f(t::live_config(dir, t::scripted_turns_json(2, 20, gate)));
+  std::string repo = (dir.path() / "repo").string();
+
+  CliResult done = run_cli({"submit", "--server", f.url(), "--repo", repo, "--task", "make calc.sh add", "--verify",
+                            "test \"$(bash calc.sh)\" = 2", "--follow"});
+  EXPECT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.out.rfind("1\n", 0), 0u) << done.out;  // the id first
+  EXPECT_NE(done.out.find("tool_call bash {\"command\":\"echo step-1"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("tool_call submit"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("status succeeded"), std::string::npos) << done.out;
+
+  CliResult listed = run_cli({"builds", "--server", f.url(), "--status", "succeeded"});
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.out.find("verified"), std::string::npos) << listed.out;
+  CliResult logs = run_cli({"logs", "1", "--server", f.url()});
+  EXPECT_EQ(logs.exit_code, 0) << logs.err;
+  EXPECT_EQ(logs.out.rfind("[1] status queued\n[2] status running\n", 0), 0u) << logs.out;
+
+  // A build held in its last command: cancel it; following its log ends with exit code 1.
+  CliResult held = run_cli({"submit", "--server", f.url(), "--repo", repo, "--task", "wait for me"});
+  ASSERT_EQ(held.exit_code, 0) << held.err;
+  ASSERT_EQ(held.out, "2\n");
+  std::filesystem::path hold = dir.path() / "workspaces" / "build-2" / ".kiln" / "hold";
+  for (int i = 0; i < 400 && !std::filesystem::exists(hold.parent_path()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::ofstream(hold) << "hold\n";  // before the scripted model gets to its last command
+  CliResult cancel = run_cli({"cancel", "2", "--server", f.url()});
+  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+  CliResult followed = run_cli({"logs", "2", "--follow", "--server", f.url()});
+  EXPECT_EQ(followed.exit_code, 1);
+  EXPECT_NE(followed.out.find("status cancelled"), std::string::npos) << followed.out;
 }
 
 TEST(Cli, CompareSinceAgainstARunningServer) {
