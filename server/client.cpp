@@ -186,6 +186,9 @@ std::string format_event_line(const nlohmann::json& event) {
     if (p.contains("arguments")) line += " " + (p["arguments"].is_string() ? p["arguments"].get<std::string>() : p["arguments"].dump());
   } else if (kind == "status" && p.is_object() && (p.contains("status") || p.contains("phase"))) {
     line += " " + (p.contains("status") ? p.value("status", std::string("?")) : "phase " + p.value("phase", std::string("?")));
+    if (p.contains("position") && p["position"].is_number_integer()) {
+      line += " (place " + std::to_string(p["position"].get<int64_t>()) + " in line)";
+    }
     if (p.contains("reason") && p["reason"].is_string()) line += " (" + p["reason"].get<std::string>() + ")";
   } else {
     std::string text = text_of(p);

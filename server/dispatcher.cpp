@@ -87,7 +87,7 @@ std::unique_ptr<Dispatcher> Dispatcher::start(const ServerConfig& config, store:
     log << "level=info msg=\"engine models load on first use\" models=" << engine_models.size()
         << " memory_budget_bytes=" << config.memory_budget_bytes << std::endl;
   }
-  impl->host = std::make_unique<ModelHost>(std::move(engine_models), config.memory_budget_bytes, &registry, log);
+  impl->host = std::make_unique<ModelHost>(std::move(engine_models), config.memory_budget_bytes, &registry, log, &store);
 
   agent::WorkerOptions options;
   // Absolute: the sandbox binds the workspace by path and refuses relative ones (var_dir is

@@ -69,8 +69,8 @@ class ModelHost::Lease final : public agent::ChatModel {
 };
 
 ModelHost::ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_bytes, ModelRegistry* registry,
-                     std::ostream& log)
-    : budget_(memory_budget_bytes), registry_(registry), log_(log) {
+                     std::ostream& log, store::Store* store)
+    : budget_(memory_budget_bytes), registry_(registry), store_(store), log_(log) {
   for (ModelConfig& m : models) {
     auto slot = std::make_unique<Slot>();
     slot->estimated_bytes = checkpoint_bytes(m.path) + m.kv_budget_bytes;
@@ -170,7 +170,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
         chat.sampling.top_k = s.config.sampling.top_k;
         chat.sampling.seed = s.config.sampling.seed;
         loaded->provider =
-            agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}});
+            agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}}, store_);
       }
     }
 
@@ -199,7 +199,8 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
   publish_locked(s);
   lock.unlock();
 
-  auto opened = loaded->provider(name, build_id);  // opens an engine session; outside the lock
+  // Opens an engine session, outside the lock: it may wait in the engine's line for a free slot.
+  auto opened = loaded->provider(name, build_id);
   if (!opened.ok()) {
     release(name);
     return agent::Error{opened.error()};

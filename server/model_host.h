@@ -31,6 +31,10 @@ class Model;
 class Tokenizer;
 }  // namespace kiln::engine
 
+namespace kiln::store {
+class Store;
+}
+
 namespace kiln::server {
 
 class ModelRegistry;
@@ -43,7 +47,10 @@ class ModelHost {
   using Clock = std::chrono::steady_clock;
   // `models`: the engine models (scripted test models are not the host's). `memory_budget_bytes`
   // 0 = no budget. `registry` (may be null) is told every load and unload for /v1/models.
-  ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_bytes, ModelRegistry* registry, std::ostream& log);
+  // `store` (may be null): a build waiting for a free engine session gets `waiting_for_engine`
+  // status events with its place in line (agent/engine_provider.h).
+  ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_bytes, ModelRegistry* registry, std::ostream& log,
+            store::Store* store = nullptr);
   ~ModelHost();
   ModelHost(const ModelHost&) = delete;
   ModelHost& operator=(const ModelHost&) = delete;
@@ -74,6 +81,7 @@ class ModelHost {
 
   const uint64_t budget_;
   ModelRegistry* registry_;
+  store::Store* store_;
   std::ostream& log_;
   mutable std::mutex mu_;
   std::condition_variable loaded_cv_;

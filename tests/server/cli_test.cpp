@@ -116,6 +116,21 @@ TEST(Cli, SubmitFollowLogsBuildsAndCancelAgainstALiveServer) {
   EXPECT_NE(followed.out.find("status cancelled"), std::string::npos) << followed.out;
 }
 
+TEST(Cli, EventLinesForTheLog) {
+  using nlohmann::json;
+  using kiln::server::format_event_line;
+  EXPECT_EQ(format_event_line({{"seq", 1}, {"kind", "status"}, {"payload", {{"status", "queued"}, {"attempt", 0}}}}),
+            "[1] status queued");
+  EXPECT_EQ(format_event_line({{"seq", 4}, {"kind", "status"},
+                               {"payload", {{"phase", "waiting_for_engine"}, {"position", 2}, {"max_sessions", 4}}}}),
+            "[4] status phase waiting_for_engine (place 2 in line)");
+  EXPECT_EQ(format_event_line({{"seq", 7}, {"kind", "tool_call"},
+                               {"payload", {{"name", "bash"}, {"arguments", {{"command", "ls"}}}}}}),
+            "[7] tool_call bash {\"command\":\"ls\"}");
+  EXPECT_EQ(format_event_line({{"seq", 8}, {"kind", "tool_result"}, {"payload", {{"output", "[exit code 0]"}}}}),
+            "[8] tool_result [exit code 0]");
+}
+
 TEST(Cli, CompareSinceAgainstARunningServer) {
   kiln::server::testing::TempDir dir;
   kiln::server::testing::ServerFixture f(kiln::server::testing::test_config(dir));
