@@ -1,75 +1,39 @@
 // kernels_bench: how close do the CPU matmul kernels run to the memory bandwidth (decode) and to
 // the arithmetic peak (prefill)? Prints one table row per kernel table × weight format × shape,
-// with the read bandwidth measured on the spot with the same thread count.
+// with the read bandwidth measured on the spot with the same thread count, and the fork/join
+// cost of the engine's thread pool.
 //
-//   build/bin/kernels_bench [--threads N] [--mib M] [--reps R] [--tokens T] [--table ref|avx2|best]
+//   build/bin/kernels_bench [--threads N] [--reps R] [--tokens T] [--table ref|avx2|best]
+//                           [--formats q8,q4,bf16,f32] [--pool-mib M]
 //
-// Decode rows: y = W x for one token over a weight matrix of ~M MiB (larger than the caches),
-// achieved GB/s = stored weight bytes / time. Prefill rows: T tokens through a 4096×1024 matrix,
-// GFLOP/s = 2·N·K·T / time. Every kernel is checked against the reference before it is timed.
+// Decode rows (T = 1): issue 9's bench shapes — 1024×1024 (attention/GDN projections), 512×1024
+// (expert gate/up), 1024×512 (expert down), 32768×1024 (lm_head) — plus one big matrix. A decode
+// step streams ~0.4 GB of weights, so no matrix is warm in the caches when its product runs: every
+// repetition uses the next of enough copies to fill --pool-mib (default 512 MiB ≫ L3). The row split
+// is the engine's (ThreadPool::parallel_for over 4-row tiles), so each row includes one fork/join.
+// GB/s = stored weight bytes / time, from the best and the median repetition.
+// Prefill rows: T tokens through 512×1024 and 4096×1024; GFLOP/s = 2·N·K·T / time.
+// Every kernel is checked against the reference before it is timed.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <random>
+#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/cpu/bandwidth.h"
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/thread_pool.h"
 
 using namespace kiln::engine::cpu;
+using kiln::engine::ThreadPool;
 
 namespace {
-
-// Persistent workers released by a generation counter: the shape a real pool has, so the
-// numbers include one fork/join per product as the engine pays.
-class SpinPool {
- public:
-  explicit SpinPool(int n) : n_(n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
-  }
-  ~SpinPool() {
-    stop_ = true;
-    gen_.fetch_add(1);
-    for (auto& t : workers_) t.join();
-  }
-  void run(const std::function<void(int, int)>& fn) {  // fn(thread, threads)
-    fn_ = &fn;
-    done_.store(0);
-    gen_.fetch_add(1, std::memory_order_release);
-    fn(0, n_);
-    while (done_.load(std::memory_order_acquire) < n_ - 1) {
-    }
-  }
-
- private:
-  void loop(int i) {
-    uint64_t seen = 0;
-    for (;;) {
-      uint64_t g;
-      int spins = 0;
-      while ((g = gen_.load(std::memory_order_acquire)) == seen)
-        if (++spins > 4096) std::this_thread::yield();
-      seen = g;
-      if (stop_) return;
-      (*fn_)(i, n_);
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-  int n_;
-  std::vector<std::thread> workers_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> done_{0};
-  std::atomic<bool> stop_{false};
-  const std::function<void(int, int)>* fn_ = nullptr;
-};
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -84,28 +48,33 @@ const KernelTable* pick_table(const std::string& name) {
 
 struct Options {
   int threads = 2;
-  int mib = 256;
-  int reps = 10;
-  int tokens = 128;
+  int reps = 20;
+  int tokens = 64;
+  int pool_mib = 512;
   std::string table = "best";
+  std::vector<WeightFormat> formats = {WeightFormat::q8, WeightFormat::q4, WeightFormat::bf16, WeightFormat::f32};
 };
 
-double time_product(SpinPool& pool, const KernelTable& kt, const WeightMatrix& w,
-                    const MatmulInput& in, float* y, int reps) {
-  std::vector<double> times;
-  for (int rep = 0; rep < reps; ++rep) {
-    const double t0 = now_s();
-    pool.run([&](int i, int n) {
-      // Rows split in multiples of 4 so every thread runs full decode tiles.
-      const int64_t per = ((w.rows + n - 1) / n + 3) / 4 * 4;
-      const int64_t r0 = std::min<int64_t>(w.rows, i * per), r1 = std::min<int64_t>(w.rows, r0 + per);
-      if (r0 < r1) kt.matmul[int(w.format)](w, in, y, w.rows, r0, r1);
-    });
-    times.push_back(now_s() - t0);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];  // median
+struct Timing {
+  double best = 0, median = 0;
+};
+
+Timing summarize(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return Timing{t.front(), t[t.size() / 2]};
 }
+
+// One product split like ops::matmul splits it: 4-row tiles through the pool.
+void product(ThreadPool& pool, const KernelTable& kt, const WeightMatrix& w, const MatmulInput& in, float* y) {
+  const MatmulFn fn = kt.matmul[int(w.format)];
+  const int64_t tiles = (w.rows + 3) / 4;
+  pool.parallel_for(tiles, 1, [&](int64_t b, int64_t e) { fn(w, in, y, w.rows, b * 4, std::min(w.rows, e * 4)); });
+}
+
+struct Shape {
+  const char* what;
+  int64_t rows, cols;
+};
 
 }  // namespace
 
@@ -116,11 +85,23 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--threads") o.threads = std::atoi(v.c_str());
-    else if (a == "--mib") o.mib = std::atoi(v.c_str());
-    else if (a == "--reps") o.reps = std::atoi(v.c_str());
-    else if (a == "--tokens") o.tokens = std::atoi(v.c_str());
+    else if (a == "--reps") o.reps = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--tokens") o.tokens = std::max(2, std::atoi(v.c_str()));
+    else if (a == "--pool-mib") o.pool_mib = std::max(1, std::atoi(v.c_str()));
     else if (a == "--table") o.table = v;
-    else {
+    else if (a == "--formats") {
+      o.formats.clear();
+      std::stringstream ss(v);
+      std::string name;
+      while (std::getline(ss, name, ',')) {
+        const auto f = parse_weight_format(name);
+        if (!f) {
+          std::fprintf(stderr, "kernels_bench: --formats: unknown format %s (f32, bf16, q8, q4)\n", name.c_str());
+          return 2;
+        }
+        o.formats.push_back(*f);
+      }
+    } else {
       std::fprintf(stderr, "kernels_bench: unknown option %s\n", a.c_str());
       return 2;
     }
@@ -130,57 +111,89 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kernels_bench: table %s is not supported by this CPU\n", o.table.c_str());
     return 2;
   }
+  ThreadPool pool(o.threads);
   const BandwidthResult bw = measure_read_bandwidth(o.threads);
-  std::printf("# %s\n# cpu: %s; kernels: %s; threads: %d\n", cmdline.c_str(),
-              cpu_features_string().c_str(), kt->name, o.threads);
-  std::printf("# measured read bandwidth: %.1f GB/s (%d threads, %.0f MiB buffer)\n\n", bw.gb_per_s,
-              bw.threads, bw.bytes / 1048576.0);
-  std::printf("| kernel | format | shape (N×K×T) | bytes | median ms | GB/s | %% of bw | GFLOP/s |\n");
-  std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
+  std::printf("# %s\n# cpu: %s; kernels: %s; threads: %d\n", cmdline.c_str(), cpu_features_string().c_str(),
+              kt->name, pool.size());
+  std::printf("# measured read bandwidth: %.1f GB/s (%d threads, %.0f MiB buffer)\n", bw.gb_per_s, bw.threads,
+              bw.bytes / 1048576.0);
+  {
+    // Fork/join: an empty parallel section, as many times as a decode step has sections.
+    std::vector<double> t;
+    for (int rep = 0; rep < 2000; ++rep) {
+      const double t0 = now_s();
+      pool.parallel_for(pool.size(), 1, [](int64_t, int64_t) {});
+      t.push_back(now_s() - t0);
+    }
+    const Timing fj = summarize(t);
+    std::printf("# thread pool fork/join (empty section, %d threads): best %.2f µs, median %.2f µs\n\n", pool.size(),
+                fj.best * 1e6, fj.median * 1e6);
+  }
+  std::printf("| kernel | format | shape (N×K×T) | what | bytes | best ms | median ms | GB/s best | GB/s median | "
+              "%% of bw | GFLOP/s |\n");
+  std::printf("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
 
-  SpinPool pool(o.threads);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.03f);
-  const int64_t cols = 1024;
-  std::vector<float> x(static_cast<size_t>(std::max(o.tokens, 1)) * cols);
+  const int64_t kMaxCols = 1024;
+  std::vector<float> x(static_cast<size_t>(o.tokens) * kMaxCols);
   for (auto& v : x) v = dist(rng) * 30;
+  const Shape decode_shapes[] = {{"attn/GDN proj", 1024, 1024}, {"expert gate/up", 512, 1024},
+                                 {"expert down", 1024, 512},    {"lm_head", 32768, 1024},
+                                 {"streaming", 65536, 1024}};
+  const Shape prefill_shapes[] = {{"expert gate/up", 512, 1024}, {"large", 4096, 1024}};
 
-  for (int fi = 0; fi < kWeightFormatCount; ++fi) {
-    const auto f = static_cast<WeightFormat>(fi);
-    // Decode: one matrix of ~mib MiB in this format, rows a multiple of 64.
-    const int64_t rows = std::max<int64_t>(64, (int64_t(o.mib) << 20) / int64_t(row_bytes(f, cols)) / 64 * 64);
-    std::vector<uint8_t> wbytes(rows * row_bytes(f, cols));
-    {
-      std::vector<float> wrow(cols);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (auto& v : wrow) v = dist(rng);
-        kt->quantize[fi](wrow.data(), wbytes.data() + r * row_bytes(f, cols), cols);
-      }
-    }
-    for (int64_t n : {int64_t{1}, int64_t{o.tokens}}) {
-      // Prefill timing uses the first 4096 rows: the question there is arithmetic, not memory.
-      const WeightMatrix wt{f, n == 1 ? rows : std::min<int64_t>(rows, 4096), cols, wbytes.data()};
-      ActQ16Buffer buf, buf_ref;
-      std::vector<float> y(n * wt.rows), y_ref(n * 64);
-      const MatmulInput in = prepare_input(*kt, f, x.data(), n, cols, buf);
-      // Validate before timing: the first 64 rows against the reference kernel.
-      const WeightMatrix w64{f, 64, cols, wbytes.data()};
-      matmul(kernels_ref(), w64, x.data(), n, y_ref.data(), 64, buf_ref);
-      kt->matmul[fi](w64, in, y.data(), 64, 0, 64);
-      for (int64_t i = 0; i < n * 64; ++i)
-        if (std::fabs(y[i] - y_ref[i]) > 1e-3 * (1 + std::fabs(y_ref[i]))) {
-          std::fprintf(stderr, "kernels_bench: %s %s disagrees with the reference at %lld\n", kt->name,
-                       weight_format_name(f), static_cast<long long>(i));
-          return 1;
-        }
-      const double s = time_product(pool, *kt, wt, in, y.data(), n == 1 ? o.reps : std::max(3, o.reps / 3));
-      const double bytes = double(wt.rows) * row_bytes(f, cols);
-      const double gbs = bytes / s / 1e9;
-      const double gflops = 2.0 * wt.rows * cols * n / s / 1e9;
-      std::printf("| %s | %s | %lld×%lld×%lld | %.0f MB | %.3f | %.1f | %.0f%% | %.1f |\n", kt->name,
-                  weight_format_name(f), static_cast<long long>(wt.rows), static_cast<long long>(cols),
-                  static_cast<long long>(n), bytes / 1e6, s * 1e3, gbs, 100 * gbs / bw.gb_per_s, gflops);
+  for (const WeightFormat f : o.formats) {
+    const int fi = int(f);
+    auto emit = [&](const Shape& s, int64_t n, const Timing& t) {
+      const double bytes = double(s.rows) * row_bytes(f, s.cols);
+      const double flops = 2.0 * s.rows * s.cols * n;
+      std::printf("| %s | %s | %lld×%lld×%lld | %s | %.2f MB | %.3f | %.3f | %.1f | %.1f | %.0f%% | %.1f |\n", kt->name,
+                  weight_format_name(f), static_cast<long long>(s.rows), static_cast<long long>(s.cols),
+                  static_cast<long long>(n), s.what, bytes / 1e6, t.best * 1e3, t.median * 1e3, bytes / t.best / 1e9,
+                  bytes / t.median / 1e9, 100 * bytes / t.best / 1e9 / bw.gb_per_s, flops / t.best / 1e9);
       std::fflush(stdout);
+    };
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool decode = pass == 0;
+      for (const Shape& s : decode ? std::vector<Shape>(std::begin(decode_shapes), std::end(decode_shapes))
+                                   : std::vector<Shape>(std::begin(prefill_shapes), std::end(prefill_shapes))) {
+        const int64_t n = decode ? 1 : o.tokens;
+        const size_t mbytes = size_t(s.rows) * row_bytes(f, s.cols);
+        // Decode: enough copies that the caches never hold the next one; prefill: one copy.
+        const size_t copies = decode ? std::max<size_t>(2, (size_t(o.pool_mib) << 20) / mbytes) : 1;
+        std::vector<uint8_t> wbytes(copies * mbytes);
+        {
+          std::vector<float> wrow(static_cast<size_t>(s.cols));
+          for (int64_t r = 0; r < s.rows; ++r) {
+            for (auto& v : wrow) v = dist(rng);
+            kt->quantize[fi](wrow.data(), wbytes.data() + r * row_bytes(f, s.cols), s.cols);
+          }
+          for (size_t c = 1; c < copies; ++c) std::memcpy(wbytes.data() + c * mbytes, wbytes.data(), mbytes);
+        }
+        ActQ16Buffer buf, buf_ref;
+        const MatmulInput in = prepare_input(*kt, f, x.data(), n, s.cols, buf);
+        std::vector<float> y(size_t(n * s.rows)), y_ref(size_t(n * s.rows));
+        // Validate before timing against the reference kernel.
+        const WeightMatrix w0{f, s.rows, s.cols, wbytes.data()};
+        matmul(kernels_ref(), w0, x.data(), n, y_ref.data(), s.rows, buf_ref);
+        product(pool, *kt, w0, in, y.data());
+        for (size_t i = 0; i < y.size(); ++i)
+          if (std::fabs(y[i] - y_ref[i]) > 1e-3 * (1 + std::fabs(y_ref[i]))) {
+            std::fprintf(stderr, "kernels_bench: %s %s disagrees with the reference at %zu\n", kt->name,
+                         weight_format_name(f), i);
+            return 1;
+          }
+        const int reps = decode ? o.reps : std::max(3, o.reps / 4);
+        std::vector<double> times;
+        for (int rep = 0; rep < reps; ++rep) {
+          const WeightMatrix w{f, s.rows, s.cols, wbytes.data() + (size_t(rep + 1) % copies) * mbytes};
+          const double t0 = now_s();
+          product(pool, *kt, w, in, y.data());
+          times.push_back(now_s() - t0);
+        }
+        emit(s, n, summarize(times));
+      }
     }
   }
   return 0;

@@ -34,8 +34,17 @@ inline constexpr int64_t kQuantBlock = 32;  // weights per scale in q8 and q4
 const char* weight_format_name(WeightFormat format);
 std::optional<WeightFormat> parse_weight_format(std::string_view name);
 bool is_block_format(WeightFormat format);  // q8, q4: cols must be a multiple of kQuantBlock
-// Bytes of one stored row of `cols` weights.
-size_t row_bytes(WeightFormat format, int64_t cols);
+// Bytes of one stored row of `cols` weights (inline: kernels compute row addresses with it).
+inline size_t row_bytes(WeightFormat format, int64_t cols) {
+  const auto n = static_cast<size_t>(cols);
+  switch (format) {
+    case WeightFormat::f32: return 4 * n;
+    case WeightFormat::bf16: return 2 * n;
+    case WeightFormat::q8: return n + 2 * (n / kQuantBlock);
+    case WeightFormat::q4: return n / 2 + 4 * (n / kQuantBlock);
+  }
+  return 0;
+}
 
 // --- scalar conversions (exact IEEE round-to-nearest-even, same results as F16C) -------------
 uint16_t fp32_to_fp16(float f);

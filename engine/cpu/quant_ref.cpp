@@ -30,17 +30,6 @@ bool is_block_format(WeightFormat format) {
   return format == WeightFormat::q8 || format == WeightFormat::q4;
 }
 
-size_t row_bytes(WeightFormat format, int64_t cols) {
-  const auto n = static_cast<size_t>(cols);
-  switch (format) {
-    case WeightFormat::f32: return 4 * n;
-    case WeightFormat::bf16: return 2 * n;
-    case WeightFormat::q8: return n + 2 * (n / kQuantBlock);
-    case WeightFormat::q4: return n / 2 + 4 * (n / kQuantBlock);
-  }
-  return 0;
-}
-
 static uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

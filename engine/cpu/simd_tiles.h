@@ -3,10 +3,11 @@
 //
 // A Tile type provides `template <int R, int T> static void run(w, r, x, t, y, ldy)`, computing
 // the R×T outputs y[(t+j)*ldy + r+i]. drive() covers [r0, r1) × [0, n):
-//   - decode (n == 1): 4 rows at a time; each weight row is streamed once.
+//   - decode (n == 1): 4 rows at a time; each weight row is streamed once (the q8/q4 tiles
+//     prefetch two tiles ahead themselves).
 //   - prefill: tokens in chunks of kTokenChunk (their activations stay in L2), and inside a
 //     chunk 2-row × 4-token tiles, so a weight block is loaded once per 4 tokens from L1 and once
-//     per chunk from memory.
+//     per chunk from memory; the next row pair is prefetched into L2 meanwhile.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,15 @@
 namespace kiln::engine::cpu::tiles {
 
 inline constexpr int64_t kTokenChunk = 64;
+
+// Prefill: the next row pair's weights (2 KiB for K = 1024) are requested into L2 while the
+// current pair runs its token tiles, so the tiles never wait on memory.
+inline void prefetch_rows(const WeightMatrix& w, int64_t r, int64_t n) {
+  if (n <= 0) return;
+  const uint8_t* p = w.row(r);
+  const int64_t bytes = n * static_cast<int64_t>(w.stride());
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+}
 
 template <class Tile, int R>
 inline void tokens_for_rows(const WeightMatrix& w, int64_t r, const MatmulInput& x, int64_t t0,
@@ -35,7 +45,10 @@ inline void drive(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t
   for (int64_t t0 = 0; t0 < x.n; t0 += kTokenChunk) {
     const int64_t t1 = t0 + kTokenChunk < x.n ? t0 + kTokenChunk : x.n;
     int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) tokens_for_rows<Tile, 2>(w, r, x, t0, t1, y, ldy);
+    for (; r + 2 <= r1; r += 2) {
+      prefetch_rows(w, r + 2, r + 4 <= r1 ? 2 : r1 - r - 2);
+      tokens_for_rows<Tile, 2>(w, r, x, t0, t1, y, ldy);
+    }
     for (; r < r1; ++r) tokens_for_rows<Tile, 1>(w, r, x, t0, t1, y, ldy);
   }
 }
