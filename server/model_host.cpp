@@ -108,19 +108,25 @@ void ModelHost::publish_locked(const Slot& s) {
                                                                                 : nlohmann::json(s.load_error)}});
 }
 
-void ModelHost::unload_locked(Slot& s, const char* why, std::vector<std::shared_ptr<Loaded>>& freed) {
-  freed.push_back(std::move(s.loaded));
+void ModelHost::unload_locked(Slot& s, const char* why, Deferred& later) {
+  later.freed.push_back(std::move(s.loaded));
   ++s.unloads;
-  log_ << "level=info msg=\"model unloaded\" model=" << s.config.name << " reason=" << why
-       << " estimated_bytes=" << s.estimated_bytes << std::endl;
+  later.log += "level=info msg=\"model unloaded\" model=" + s.config.name + " reason=" + why +
+               " estimated_bytes=" + std::to_string(s.estimated_bytes) + "\n";
   publish_locked(s);
+}
+
+void ModelHost::flush(Deferred& later) {
+  later.freed.clear();
+  if (!later.log.empty()) log_ << later.log << std::flush;
+  later.log.clear();
 }
 
 agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::string& name, int64_t build_id) {
   auto it = slots_.find(name);
   if (it == slots_.end()) return agent::Error{"no model named '" + name + "' is configured"};
   Slot& s = *it->second;
-  std::vector<std::shared_ptr<Loaded>> freed;  // unloaded models, destroyed after the lock is released
+  Deferred later;  // declared before the lock, so what it still holds is freed after the unlock
   std::unique_lock lock(mu_);
   loaded_cv_.wait(lock, [&] { return !s.loading; });
   if (!s.loaded) {
@@ -135,17 +141,19 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
       if (victim == nullptr) {
         std::string busy;
         for (auto& [n, other] : slots_) busy += other->loaded || other->loading ? (busy.empty() ? "" : ", ") + n : "";
+        lock.unlock();
+        flush(later);
         return agent::Error{"loading model '" + name + "' (about " + std::to_string(s.estimated_bytes >> 20) +
                             " MiB) would exceed memory_budget (" + std::to_string(budget_ >> 20) +
                             " MiB) while models in use hold the rest: " + busy};
       }
       in_memory -= victim->estimated_bytes;
-      unload_locked(*victim, "memory_budget", freed);
+      unload_locked(*victim, "memory_budget", later);
     }
     s.loading = true;
     publish_locked(s);
     lock.unlock();
-    freed.clear();  // frees the evicted models' memory before the new one is loaded
+    flush(later);  // frees the evicted models' memory before the new one is loaded
 
     log_ << "level=info msg=\"loading model (first use)\" model=" << name << " path=" << s.config.path << std::endl;
     engine::EngineOptions options;
@@ -180,6 +188,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     if (!error.empty()) {
       s.load_error = error;
       publish_locked(s);
+      lock.unlock();
       log_ << "level=error msg=\"model failed to load; its builds end with model_error\" model=" << name
            << " error=\"" << error << "\"" << std::endl;
       return agent::Error{error};
@@ -188,16 +197,18 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     s.load_error.clear();
     ++s.loads;
     const engine::CapacityPlan& plan = s.loaded->model->plan();
-    log_ << "level=info msg=\"model loaded\" model=" << name << " kv_tokens=" << plan.kv_tokens
-         << " max_sessions=" << plan.max_sessions << " full_length_sessions=" << plan.full_length_sessions
-         << " estimated_bytes=" << s.estimated_bytes
-         << (s.config.demo ? " warning=\"RANDOM WEIGHTS (demo)\"" : "") << std::endl;
+    later.log += "level=info msg=\"model loaded\" model=" + name + " kv_tokens=" + std::to_string(plan.kv_tokens) +
+                 " max_sessions=" + std::to_string(plan.max_sessions) +
+                 " full_length_sessions=" + std::to_string(plan.full_length_sessions) +
+                 " estimated_bytes=" + std::to_string(s.estimated_bytes) +
+                 (s.config.demo ? " warning=\"RANDOM WEIGHTS (demo)\"" : "") + "\n";
   }
   std::shared_ptr<Loaded> loaded = s.loaded;
   ++s.in_use;
   s.last_used = Clock::now();
   publish_locked(s);
   lock.unlock();
+  flush(later);
 
   // Opens an engine session, outside the lock: it may wait in the engine's line for a free slot.
   auto opened = loaded->provider(name, build_id);
@@ -218,17 +229,19 @@ void ModelHost::release(const std::string& name) {
 }
 
 int ModelHost::sweep(Clock::time_point now) {
-  std::vector<std::shared_ptr<Loaded>> freed;
+  Deferred later;
   {
     std::lock_guard lock(mu_);
     for (auto& [name, s] : slots_) {
       int idle_s = s->config.idle_unload_seconds;
       if (s->loaded && s->in_use == 0 && idle_s > 0 && now - s->last_used >= std::chrono::seconds(idle_s)) {
-        unload_locked(*s, "idle", freed);
+        unload_locked(*s, "idle", later);
       }
     }
   }
-  return static_cast<int>(freed.size());
+  int unloaded = static_cast<int>(later.freed.size());
+  flush(later);
+  return unloaded;
 }
 
 ModelHost::ModelState ModelHost::state(const std::string& name) const {

@@ -75,8 +75,15 @@ class ModelHost {
   struct Slot;
   class Lease;
   void release(const std::string& name);
-  // mu_ held: moves the model into `freed`, which the caller destroys after releasing mu_.
-  void unload_locked(Slot& slot, const char* why, std::vector<std::shared_ptr<Loaded>>& freed);
+  // What a locked section leaves for after the unlock: models to free and lines to log (no
+  // destruction of a model and no log write happens under mu_).
+  struct Deferred {
+    std::vector<std::shared_ptr<Loaded>> freed;
+    std::string log;
+  };
+  void flush(Deferred& later);
+  // mu_ held: moves the model into `later`.
+  void unload_locked(Slot& slot, const char* why, Deferred& later);
   void publish_locked(const Slot& slot);  // tells the registry (for /v1/models)
 
   const uint64_t budget_;
