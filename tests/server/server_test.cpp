@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/worker.h"
+#include "engine/make_tiny.h"
 #include "server/event_hub.h"
 #include "server/http_metrics.h"
 #include "test_server.h"
@@ -267,6 +268,53 @@ TEST(Server, MetricsHaveEveryFamilyAndCountABuildAndASandboxTimeout) {
   for (const char* reason : {"start_failed", "cpu_limit", "file_size_limit", "killed", "unusable"}) {
     EXPECT_TRUE(m.count("kiln_sandbox_failures_total{reason=\"" + std::string(reason) + "\"}")) << reason;
   }
+}
+
+// An engine model through the whole server: not loaded until a build uses it, then unloaded by
+// the dispatcher's sweeper once idle for its idle_unload_seconds; /v1/models shows each state.
+TEST(Server, EngineModelLoadsOnFirstUseAndUnloadsWhenIdle) {
+  TempDir dir;
+  testing::make_git_repo(dir.path() / "repo");
+  ServerConfig config = testing::live_config(dir, testing::scripted_turns_json(1, 0));
+  ModelConfig tiny;
+  tiny.name = "tiny";
+  tiny.path = (dir.path() / "tiny").string();
+  tiny.kv_budget_bytes = 8ull << 20;
+  tiny.max_sessions = 1;
+  tiny.threads = 1;
+  tiny.idle_unload_seconds = 1;
+  ASSERT_TRUE(engine::make_tiny_model(tiny.path, engine::TinyModelOptions{}).ok());
+  config.models.push_back(tiny);
+  ServerFixture f(config);
+  auto residency = [&] {
+    json doc = f.json_of(f.call("GET", "/v1/models"));
+    for (const json& m : doc["models"])
+      if (m["name"] == "tiny") return json(m["residency"]);
+    return json();
+  };
+  EXPECT_EQ(residency()["state"], "unloaded");
+  EXPECT_EQ(residency()["loads"], 0);
+
+  json body = {{"repo", (dir.path() / "repo").string()}, {"task", "t"}, {"model", "tiny"}, {"limits", {{"steps", 1}}}};
+  auto r = f.call("POST", "/v1/builds", body.dump());
+  ASSERT_EQ(r.status, 201) << r.body;
+  int64_t id = f.json_of(r)["id"];
+  std::string end;
+  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
+    if (m.event != "end") return StreamControl::keep_going;
+    end = json::parse(m.data)["reason"];
+    return StreamControl::stop;
+  });
+  ASSERT_FALSE(err.has_value()) << *err;
+  EXPECT_NE(end, "model_error") << "the tiny model should load and run";  // random weights: any other end
+  EXPECT_EQ(residency()["loads"], 1);
+  bool unloaded = false;
+  for (int i = 0; i < 60 && !unloaded; ++i) {
+    unloaded = residency()["state"] == "unloaded";
+    if (!unloaded) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(unloaded) << residency();
+  EXPECT_EQ(residency()["unloads"], 1);
 }
 
 TEST(Server, ReconnectWithLastEventIdHasNoGapAndNoDuplicate) {
