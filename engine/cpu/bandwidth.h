@@ -1,5 +1,6 @@
 // Memory read bandwidth, measured on the spot: N threads each stream a disjoint part of a buffer
 // much larger than the last-level cache, read-only, and the best of a few passes is reported.
+// Passes alternate one sequential stream per thread and four prefetched streams per thread.
 // The bench programs print achieved GB/s of a kernel against this figure.
 #pragma once
 
@@ -16,6 +17,6 @@ struct BandwidthResult {
 // buffer_bytes: default 1 GiB (32 MiB L3 on the dev machines); passes: best of this many.
 // Starts `threads` std::threads per pass (a probe, not a hot path).
 BandwidthResult measure_read_bandwidth(int threads, size_t buffer_bytes = size_t{1} << 30,
-                                       int passes = 5);
+                                       int passes = 6);
 
 }  // namespace kiln::engine::cpu
