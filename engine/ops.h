@@ -87,6 +87,8 @@ struct DeltaRuleArgs {
 };
 // Recurrent form, token by token: the reference, and the decode path (T = 1).
 void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a);
+// The recurrent form on AVX2 (same double sums; falls back to the twin without AVX2): decode.
+void gated_delta_rule_decode(ThreadPool* pool, const DeltaRuleArgs& a);
 // Chunked form (chunk 64, WY representation), the prefill path for T > 1.
 void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a);
 constexpr int kDeltaRuleChunk = 64;

@@ -14,6 +14,9 @@
 #include <cmath>
 #include <vector>
 
+#include <immintrin.h>
+
+#include "engine/cpu/cpu_features.h"
 #include "engine/cpu/gemm_f64.h"
 #include "engine/ops.h"
 
@@ -102,6 +105,73 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
         cpu::gemm_f64(dk, dv, n, 1.0, Kt.data(), n, Vp.data(), dv, std::exp(gn), S.data(), dv);
       }
       for (size_t i = 0; i < S.size(); ++i) state[i] = float(S[i]);
+    }
+  };
+  if (pool) pool->parallel_for(a.Hv, 1, head);
+  else head(0, a.Hv);
+}
+
+}  // namespace kiln::engine::ops
+
+// ---- Decode: the recurrent form with AVX2 ------------------------------------------------------
+// Same math and precision as gated_delta_rule_recurrent (double sums, f32 state between tokens),
+// in 4-wide double vectors: per head, one pass over S for e = v − γSᵀk, one for the update and
+// o = Sᵀq. A decode step reads and writes every sequence's whole state (Hv·dk·dv f32 per layer),
+// so this pass is memory-bound; the scalar twin spent most of its time converting one element
+// at a time.
+namespace kiln::engine::ops {
+namespace {
+
+__attribute__((target("avx2,fma"))) void decode_head_avx2(const float* q, const float* k, const float* v,
+                                                           double beta, double gamma, float* S, int dk, int dv,
+                                                           float* out, double* e, double* o) {
+  const int dv4 = dv & ~3;
+  for (int b = 0; b < dv; ++b) e[b] = v[b], o[b] = 0.0;
+  for (int i = 0; i < dk; ++i) {  // e = v − γ Sᵀk
+    const float* Si = S + size_t(i) * dv;
+    const double kg = gamma * k[i];
+    const __m256d kg4 = _mm256_set1_pd(kg);
+    int b = 0;
+    for (; b < dv4; b += 4)
+      _mm256_storeu_pd(e + b, _mm256_fnmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(Si + b)), kg4, _mm256_loadu_pd(e + b)));
+    for (; b < dv; ++b) e[b] -= double(Si[b]) * kg;
+  }
+  const __m256d g4 = _mm256_set1_pd(gamma);
+  for (int i = 0; i < dk; ++i) {  // S ← γS + k ⊗ βe;  o = Sᵀq after the update
+    float* Si = S + size_t(i) * dv;
+    const double kb = double(k[i]) * beta, qi = q[i];
+    const __m256d kb4 = _mm256_set1_pd(kb), q4 = _mm256_set1_pd(qi);
+    int b = 0;
+    for (; b < dv4; b += 4) {
+      const __m256d s =
+          _mm256_fmadd_pd(kb4, _mm256_loadu_pd(e + b), _mm256_mul_pd(g4, _mm256_cvtps_pd(_mm_loadu_ps(Si + b))));
+      _mm_storeu_ps(Si + b, _mm256_cvtpd_ps(s));
+      _mm256_storeu_pd(o + b, _mm256_fmadd_pd(s, q4, _mm256_loadu_pd(o + b)));
+    }
+    for (; b < dv; ++b) {
+      const double s = gamma * Si[b] + kb * e[b];
+      Si[b] = float(s);
+      o[b] += s * qi;
+    }
+  }
+  for (int b = 0; b < dv; ++b) out[b] = float(o[b]);
+}
+
+}  // namespace
+
+void gated_delta_rule_decode(ThreadPool* pool, const DeltaRuleArgs& a) {
+  if (!cpu::cpu_features().has_avx2_set()) return gated_delta_rule_recurrent(pool, a);
+  const int r = a.Hv / a.Hk;
+  auto head = [&](int64_t j0, int64_t j1) {
+    thread_local std::vector<double> e, o;
+    e.resize(size_t(a.dv)), o.resize(size_t(a.dv));
+    for (int64_t j = j0; j < j1; ++j) {
+      float* S = a.state + j * a.dk * a.dv;
+      const int64_t m = j / r;
+      for (int64_t t = 0; t < a.T; ++t)
+        decode_head_avx2(a.q + t * a.q_stride + m * a.dk, a.k + t * a.k_stride + m * a.dk,
+                         a.v + t * a.v_stride + j * a.dv, a.beta[t * a.Hv + j], std::exp(double(a.g[t * a.Hv + j])),
+                         S, a.dk, a.dv, a.out + (t * a.Hv + j) * a.dv, e.data(), o.data());
     }
   };
   if (pool) pool->parallel_for(a.Hv, 1, head);

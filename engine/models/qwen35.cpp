@@ -197,7 +197,7 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
     ops::DeltaRuleArgs args{s.T, Hk, Hv, dk, dv, chs, chs + key_dim, chs + 2 * key_dim, C, C, C,
                             beta_all + r0 * Hv, g_all + r0 * Hv, s.state->gdn[size_t(linear)].recurrent.data(),
                             o_all + r0 * value_dim};
-    if (s.T == 1) ops::gated_delta_rule_recurrent(pool, args);
+    if (s.T == 1) ops::gated_delta_rule_decode(pool, args);
     else ops::gated_delta_rule_chunked(pool, args);
   });
   ops::rms_norm_gated(o.data(), z.data(), R * Hv, dv, w.norm.data(), c_.rms_norm_eps, o.data());
