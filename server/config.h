@@ -42,6 +42,10 @@ struct ModelConfig {
   int threads = 0;           // CPU threads for this model; 0 = all cores
   uint64_t kv_budget_bytes = 1ull << 30;  // memory for the KV cache of all its sessions
   int max_sessions = 4;      // concurrent builds on this model
+  // Weight storage on CPU: "q8" (default: ~2x less memory and faster decode than bf16), "q4",
+  // "bf16", or "stored" (the checkpoint's dtype, exact). Converted once and cached next to the model.
+  std::string weights = "q8";
+  std::string cache_dtype = "f32";  // KV/conv cache: "f32" (exact) or "bf16" (2x the tokens per byte)
   SamplingConfig sampling;
   bool demo = false;         // true for the generated random-weight demo model
   int idle_unload_seconds = 0;  // unload after this long unused (0 = only when memory is short)

@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "agent/engine_provider.h"
+#include "engine/cpu/quant.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/models.h"
@@ -19,6 +20,19 @@ uint64_t checkpoint_bytes(const std::string& model_dir) {
     if (it->path().extension() == ".safetensors") total += it->file_size(ec);
   }
   return total;
+}
+
+// Resident weight bytes after conversion, from the checkpoint's size (bf16 on disk for the released
+// models): q8 keeps 34 bytes per 32 weights, q4 20 (scale + offset), bf16 64. An estimate: the
+// embedding stays exact and f32 checkpoints are twice the size, so this errs on the large side.
+static uint64_t weight_bytes_estimate(uint64_t checkpoint_bytes, const std::string& weights) {
+  if (weights == "q8") return checkpoint_bytes / 64 * 34;
+  if (weights == "q4") return checkpoint_bytes / 64 * 20;
+  return checkpoint_bytes;
+}
+
+uint64_t model_memory_estimate(const ModelConfig& m) {
+  return weight_bytes_estimate(checkpoint_bytes(m.path), m.weights) + m.kv_budget_bytes;
 }
 
 // One loaded engine model and what opens chat models on it.
@@ -73,7 +87,7 @@ ModelHost::ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_byt
     : budget_(memory_budget_bytes), registry_(registry), store_(store), log_(log) {
   for (ModelConfig& m : models) {
     auto slot = std::make_unique<Slot>();
-    slot->estimated_bytes = checkpoint_bytes(m.path) + m.kv_budget_bytes;
+    slot->estimated_bytes = model_memory_estimate(m);
     slot->config = std::move(m);
     publish_locked(*slot);
     slots_[slot->config.name] = std::move(slot);
@@ -160,6 +174,8 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     options.threads = s.config.threads;
     options.kv_budget_bytes = static_cast<int64_t>(s.config.kv_budget_bytes);
     options.max_sessions = s.config.max_sessions;
+    if (s.config.weights != "stored") options.weights = engine::cpu::parse_weight_format(s.config.weights);
+    options.cache_dtype = s.config.cache_dtype == "bf16" ? engine::CacheDtype::bf16 : engine::CacheDtype::f32;
     auto loaded = std::make_shared<Loaded>();
     std::string error;
     auto model = engine::Model::load(s.config.path, options);

@@ -41,6 +41,8 @@ class ModelRegistry;
 
 // Bytes a model directory's weights take when loaded as stored: the sum of its *.safetensors.
 uint64_t checkpoint_bytes(const std::string& model_dir);
+// What a model is expected to hold once loaded: its weights in the configured format plus its KV budget.
+uint64_t model_memory_estimate(const ModelConfig& model);
 
 class ModelHost {
  public:

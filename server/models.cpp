@@ -74,6 +74,8 @@ json ModelRegistry::describe(store::Store* store) const {
                   {"threads", m.threads},
                   {"kv_budget_bytes", m.kv_budget_bytes},
                   {"max_sessions", m.max_sessions},
+                  {"weights", m.weights},
+                  {"cache_dtype", m.cache_dtype},
                   {"sampling", {{"temperature", m.sampling.temperature},
                                 {"top_p", m.sampling.top_p},
                                 {"top_k", m.sampling.top_k}}}};

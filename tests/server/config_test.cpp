@@ -33,6 +33,21 @@ TEST(Config, LeaseMemoryBudgetAndIdleUnloading) {
             std::string::npos);
 }
 
+TEST(Config, ModelsServeQuantizedWeightsUnlessTold) {
+  ServerConfig c;
+  ASSERT_EQ(parse_config_json(R"({"models": [{"name": "a", "path": "/m/a"},
+      {"name": "b", "path": "/m/b", "weights": "stored", "cache_dtype": "bf16"}]})", c), std::nullopt);
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].weights, "q8");  // issue 9: q8 is the CPU serving default
+  EXPECT_EQ(c.models[0].cache_dtype, "f32");
+  EXPECT_EQ(c.models[1].weights, "stored");
+  EXPECT_EQ(c.models[1].cache_dtype, "bf16");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "m", "path": "p", "weights": "q3"}]})"),
+            "models[0].weights: expected one of stored, bf16, q8, q4");
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "m", "path": "p", "cache_dtype": "f16"}]})"),
+            "models[0].cache_dtype: expected f32 or bf16");
+}
+
 TEST(Config, ScriptedTestModelNeedsNoPathAndItsTurnsAreChecked) {
   ServerConfig c;
   ASSERT_EQ(parse_config_json(R"({"models": [{"name": "scripted-test", "scripted_test_turns": [

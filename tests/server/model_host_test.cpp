@@ -33,7 +33,7 @@ struct TwoModels {
       EXPECT_TRUE(made.ok()) << made.error();
     }
   }
-  uint64_t estimate(const ModelConfig& m) const { return checkpoint_bytes(m.path) + m.kv_budget_bytes; }
+  uint64_t estimate(const ModelConfig& m) const { return model_memory_estimate(m); }
 };
 
 const json& model_entry(const json& doc, const std::string& name) {
