@@ -4,21 +4,6 @@
 
 namespace kiln::engine {
 
-ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
-}
-
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    published_.store(++generation_, std::memory_order_release);
-  }
-  wake_.notify_all();
-  for (auto& t : workers_) t.join();
-}
-
 namespace {
 constexpr int kSpinIterations = 20000;
 inline void cpu_relax() {
@@ -28,33 +13,57 @@ inline void cpu_relax() {
 }
 }  // namespace
 
-void ThreadPool::run_chunks() {
+ThreadPool::ThreadPool(int n_threads) {
+  if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    stopping_.store(true);
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+int64_t ThreadPool::run_chunks() {
+  int64_t ran = 0;
+  uint64_t s = state_.load(std::memory_order_acquire);
   for (;;) {
-    int64_t b = next_.fetch_add(chunk_);
-    if (b >= n_) return;
-    (*job_)(b, std::min(n_, b + chunk_));
+    const uint64_t next = s & kChunkMask, count = (s >> kChunkBits) & kChunkMask;
+    if (next >= count) return ran;
+    if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Claimed chunk `next` of the job published in s: that job is still running (this chunk is
+    // not done), so job_, n_ and chunk_ are its own.
+    const int64_t b = int64_t(next) * chunk_;
+    job_(b, std::min(n_, b + chunk_));
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    ++ran;
+    s = state_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen = 0;
+  uint64_t seen = state_.load(std::memory_order_acquire) >> (2 * kChunkBits);
   for (;;) {
-    for (int i = 0; i < kSpinIterations && published_.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
-    {
+    auto fresh = [&] { return (state_.load() >> (2 * kChunkBits)) != seen; };
+    for (int i = 0; i < kSpinIterations && !fresh() && !stopping_.load(std::memory_order_relaxed); ++i) cpu_relax();
+    if (!fresh()) {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      sleepers_.fetch_add(1);  // seq_cst: pairs with the submitter's store of state_, then load
+      wake_.wait(lock, [&] { return stop_ || fresh(); });
+      sleepers_.fetch_sub(1);
       if (stop_) return;
-      seen = generation_;
     }
+    if (stopping_.load()) return;
+    seen = state_.load(std::memory_order_acquire) >> (2 * kChunkBits);
     run_chunks();
-    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's predicate check
-      done_.notify_all();
-    }
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (workers_.empty() || n <= grain) {
@@ -62,24 +71,28 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     return;
   }
   std::lock_guard<std::mutex> submit(submit_mu_);
-  // Chunks: a few per thread for balance, never below the grain.
-  const int64_t chunk = std::max(grain, (n + int64_t(size()) * 4 - 1) / (int64_t(size()) * 4));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    n_ = n;
-    chunk_ = chunk;
-    next_.store(0);
-    active_.store(int(workers_.size()));  // every worker checks in once per job
-    published_.store(++generation_, std::memory_order_release);
+  // Chunks: a few per thread for balance, never below the grain (nor more than the state word
+  // can count).
+  int64_t chunk = std::max(grain, (n + int64_t(size()) * 4 - 1) / (int64_t(size()) * 4));
+  chunk = std::max<int64_t>(chunk, (n + int64_t(kChunkMask) - 1) / int64_t(kChunkMask));
+  const int64_t count = (n + chunk - 1) / chunk;
+  // The previous job is complete (its submitter saw every chunk done), so no worker reads these.
+  job_ = fn;
+  n_ = n;
+  chunk_ = chunk;
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = ((state_.load(std::memory_order_relaxed) >> (2 * kChunkBits)) + 1) & 0xffffff;
+  state_.store((gen << (2 * kChunkBits)) | (uint64_t(count) << kChunkBits));  // seq_cst: publishes the job
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }  // a worker between its check and its wait holds mu_
+    wake_.notify_all();
   }
-  wake_.notify_all();
   run_chunks();
-  // Wait until every worker has seen this job and left it, so none reads it late.
-  for (int i = 0; i < kSpinIterations && active_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-  std::unique_lock<std::mutex> lock(mu_);
-  done_.wait(lock, [&] { return active_.load(std::memory_order_acquire) == 0; });
-  job_ = nullptr;
+  // Only chunks that were claimed are waited for; each is running on some thread right now.
+  for (int i = 0; done_.load(std::memory_order_acquire) != count; ++i) {
+    if (i < kSpinIterations) cpu_relax();
+    else std::this_thread::yield();  // the holder was descheduled: let it run
+  }
 }
 
 }  // namespace kiln::engine
