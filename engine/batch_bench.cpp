@@ -197,10 +197,12 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
     f.worst_step_during_ms = summarize(log, [](const StepRecord& r) { return r.prefill_rows > 0; }).worst_ms;
     decoders.clear();
     big->reset();
+    // The same prefill with nothing else running: its worst chunk (the last ones attend to the
+    // most positions) is "one chunk's time" at those positions.
     auto alone = m.open_session();
     if (!alone) return make_error(alone.error());
     sched.clear_step_log();
-    if (auto r = (*alone)->append(prompt(f.chunk_tokens)); !r) return make_error(r.error());
+    if (auto r = (*alone)->append(long_prompt); !r) return make_error(r.error());
     f.chunk_alone_ms = summarize(sched.step_log(), [](const StepRecord&) { return true; }).worst_ms;
     report.fairness = f;
   }
@@ -250,7 +252,7 @@ std::string BatchBenchReport::to_table(const std::string& command) const {
     const FairnessReport& f = *fairness;
     std::snprintf(buf, sizeof buf,
                   "\nfairness: a %lld-token prefill (chunks of %lld) admitted while %d sessions decode: their worst "
-                  "step %.1f ms before, %.1f ms during (+%.1f ms); one chunk alone %.1f ms; prefill took %.1f s\n",
+                  "step %.1f ms before, %.1f ms during (+%.1f ms); the worst chunk of that prefill alone %.1f ms; prefill took %.1f s\n",
                   static_cast<long long>(f.prompt_tokens), static_cast<long long>(f.chunk_tokens), f.decoders,
                   f.worst_step_before_ms, f.worst_step_during_ms, f.raise_ms(), f.chunk_alone_ms, f.prefill_s);
     out += buf;

@@ -4,7 +4,7 @@
 // step time, distinct routed experts read per MoE layer per step (the expert-union effect), and
 // the tokens/s of one more session's prefill admitted while the n decode. Then the fairness check
 // of issue 10: a long prefill (4,096 tokens) admitted while 4 sessions decode, with their worst
-// step time before and during it against the time of one prefill chunk alone.
+// step time before and during it against the worst chunk of that prefill run alone.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,7 @@ struct FairnessReport {
   int64_t prompt_tokens = 0, chunk_tokens = 0;
   double worst_step_before_ms = 0;  // decode-only steps just before the prefill
   double worst_step_during_ms = 0;  // steps that carried a prefill chunk
-  double chunk_alone_ms = 0;        // one chunk_tokens prefill step with nothing else
+  double chunk_alone_ms = 0;        // worst step of the same prefill run with nothing else
   double raise_ms() const { return worst_step_during_ms - worst_step_before_ms; }
   double prefill_s = 0;             // the long prefill's own duration
 };

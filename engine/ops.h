@@ -65,6 +65,19 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
 void attention_ref(const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq, int Hkv, int D,
                    float scale, float* out);
 
+// The same attention reading K/V straight from a paged cache (no gather into contiguous buffers):
+// position p is row p % page_tokens of page p / page_tokens; rows of `row` = Hkv·D elements in f32
+// or bf16. Online softmax per page-sized block of keys (no score matrix over all positions).
+struct PagedKv {
+  const uint8_t* const* k_pages = nullptr;  // per page: this layer's K rows [page_tokens][row]
+  const uint8_t* const* v_pages = nullptr;  // per page: this layer's V rows
+  int64_t page_tokens = 0;
+  int64_t row = 0;
+  bool bf16 = false;
+};
+void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
+                     int D, float scale, float* out);
+
 // Depthwise causal conv1d + SiLU over C channels with kernel K (w[C][K], w[.][K−1] multiplies
 // the newest token). state[K−1][C] holds the previous K−1 pre-conv inputs (oldest first) and is
 // updated to the last K−1 inputs. x, out [T][C].

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -101,8 +102,22 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
     if (r.done) break;
     const int32_t tok = r.result.tokens[called];
     lock.unlock();
-    const bool go_on = on_token(tok);  // on this thread, possibly while the step forwards tok
+    bool go_on = false;
+    std::exception_ptr thrown;
+    try {
+      go_on = on_token(tok);  // on this thread, possibly while the step forwards tok
+    } catch (...) {
+      thrown = std::current_exception();
+    }
     lock.lock();
+    if (thrown) {  // stop, let the scheduler let go of the request, then pass the exception on
+      r.acked = ++called;
+      r.stopped = true;
+      work_.notify_one();
+      r.done_cv.wait(lock, [&] { return r.done || (!r.in_step && r.can_finish()); });
+      if (!r.done) queue_.erase(std::find(queue_.begin(), queue_.end(), &r));
+      std::rethrow_exception(thrown);
+    }
     r.acked = ++called;
     if (!go_on) r.stopped = true;
     if (!r.in_step && r.can_finish()) {
@@ -118,9 +133,10 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
   return std::move(r.result);
 }
 
-std::vector<Scheduler::Planned> Scheduler::plan_step(std::unique_lock<std::mutex>&) {
-  std::vector<Planned> plan;
-  std::vector<Request*> prefill;
+const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
+  std::vector<Planned>& plan = plan_;
+  std::vector<Request*>& prefill = prefill_;
+  plan.clear(), prefill.clear();
   for (Request* r : queue_) {
     if (r->in_step || r->done) continue;
     if (r->is_generate) {
@@ -183,7 +199,7 @@ void Scheduler::run() {
     };
     if (lagging()) work_.wait_until(lock, last_end + linger_, [&] { return stop_ || !lagging(); });
     if (stop_) break;
-    std::vector<Planned> plan = plan_step(lock);
+    const std::vector<Planned>& plan = plan_step();
     if (plan.empty()) continue;
     steps.clear();
     decode_tokens.assign(plan.size(), 0);

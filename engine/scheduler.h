@@ -98,7 +98,7 @@ class Scheduler {
     int64_t T;
   };
   void run();
-  std::vector<Planned> plan_step(std::unique_lock<std::mutex>& lock);
+  const std::vector<Planned>& plan_step();
   void finish_step(const std::vector<Planned>& plan);
   bool decode_ready(const Request& r) const;
 
@@ -114,6 +114,8 @@ class Scheduler {
   uint64_t arrivals_ = 0;        // GUARDED_BY(mu_)
   bool stop_ = false;            // GUARDED_BY(mu_)
   std::deque<StepRecord> log_;   // GUARDED_BY(mu_)
+  std::vector<Planned> plan_;    // scheduler thread only: reused every step
+  std::vector<Request*> prefill_;
   std::thread thread_;           // last: starts after everything above exists
 };
 

@@ -101,4 +101,10 @@ void SequenceKv::gather(int layer, int64_t n, float* k, float* v) const {
   }
 }
 
+void SequenceKv::page_rows(int layer, int64_t n, std::vector<const uint8_t*>& k, std::vector<const uint8_t*>& v) const {
+  const int64_t pt = pool_->layout().page_tokens, pages = (n + pt - 1) / pt;
+  k.resize(size_t(pages)), v.resize(size_t(pages));
+  for (int64_t p = 0; p < pages; ++p) k[size_t(p)] = slot(layer, 0, p * pt), v[size_t(p)] = slot(layer, 1, p * pt);
+}
+
 }  // namespace kiln::engine

@@ -72,11 +72,14 @@ class SequenceKv {
   // Releases pages wholly beyond n_tokens.
   void truncate(int64_t n_tokens);
   int64_t capacity_tokens() const { return int64_t(pages_.size()) * pool_->layout().page_tokens; }
+  int64_t page_tokens() const { return pool_->layout().page_tokens; }
 
   // k, v: one token's [Hkv·D] f32, stored at `pos` (which must be reserved) in the cache dtype.
   void write(int layer, int64_t pos, const float* k, const float* v);
   // Positions [0, n) of one layer as contiguous f32 [n][Hkv·D].
   void gather(int layer, int64_t n, float* k, float* v) const;
+  // Where one layer's K and V rows of each page holding positions [0, n) start (ops::PagedKv).
+  void page_rows(int layer, int64_t n, std::vector<const uint8_t*>& k, std::vector<const uint8_t*>& v) const;
 
  private:
   uint8_t* slot(int layer, int which, int64_t pos) const;

@@ -183,4 +183,60 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
   else work(0, T * Hq);
 }
 
+// Per query row and head: keys in blocks of one page; the running max m, sum l and output acc
+// are rescaled once per block when the block raises the max (flash-decoding's online softmax).
+void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
+                     int D, float scale, float* out) {
+  const int group = Hq / Hkv;
+  const int64_t P = kv.page_tokens;
+  auto work = [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> kbuf, vbuf, s;
+    kbuf.resize(size_t(P * D)), vbuf.resize(size_t(P * D)), s.resize(size_t(P));
+    for (int64_t th = b; th < e; ++th) {
+      const int64_t t = th / Hq;
+      const int h = int(th % Hq), kh = h / group;
+      const int64_t n = n_kv - T + t + 1;  // keys 0..n-1
+      const float* qh = q + th * D;
+      float* o = out + th * D;
+      std::fill(o, o + D, 0.0f);
+      float m = -INFINITY, l = 0.0f;
+      for (int64_t p0 = 0; p0 < n; p0 += P) {
+        const int64_t cnt = std::min(P, n - p0);
+        const uint8_t* kp = kv.k_pages[p0 / P];
+        const uint8_t* vp = kv.v_pages[p0 / P];
+        const size_t elt = kv.bf16 ? 2 : 4;
+        auto rows = [&](const uint8_t* page, int64_t j, float* buf) -> const float* {
+          const uint8_t* src = page + size_t(j * kv.row + int64_t(kh) * D) * elt;
+          if (!kv.bf16) return reinterpret_cast<const float*>(src);
+          to_f32(Dtype::bf16, src, buf, D);
+          return buf;
+        };
+        float bm = -INFINITY;
+        for (int64_t j = 0; j < cnt; ++j) {
+          s[size_t(j)] = dot(qh, rows(kp, j, &kbuf[size_t(j * D)]), D) * scale;
+          bm = std::max(bm, s[size_t(j)]);
+        }
+        if (bm > m) {
+          const float c = std::exp(m - bm);  // 0 on the first block
+          l *= c;
+#pragma omp simd
+          for (int d = 0; d < D; ++d) o[d] *= c;
+          m = bm;
+        }
+        for (int64_t j = 0; j < cnt; ++j) {
+          const float pj = std::exp(s[size_t(j)] - m);
+          l += pj;
+          const float* vj = rows(vp, j, &vbuf[size_t(j * D)]);
+#pragma omp simd
+          for (int d = 0; d < D; ++d) o[d] += pj * vj[d];
+        }
+      }
+      const float inv = 1.0f / l;
+      for (int d = 0; d < D; ++d) o[d] *= inv;
+    }
+  };
+  if (pool) pool->parallel_for(T * Hq, 1, work);
+  else work(0, T * Hq);
+}
+
 }  // namespace kiln::engine::ops

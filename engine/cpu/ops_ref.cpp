@@ -103,7 +103,8 @@ void attention_ref(const float* q, const float* k, const float* v, int64_t T, in
 
 void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, float* state, float* out) {
   // window[K−1+t] = input at step t; window[0..K−2] = the stored history.
-  std::vector<float> window(static_cast<size_t>(K - 1 + T));
+  thread_local std::vector<float> window;  // grown once: decode steps allocate nothing
+  window.resize(static_cast<size_t>(K - 1 + T));
   for (int64_t ch = 0; ch < C; ++ch) {
     for (int s = 0; s < K - 1; ++s) window[size_t(s)] = state[s * C + ch];
     for (int64_t t = 0; t < T; ++t) window[size_t(K - 1 + t)] = x[t * C + ch];
@@ -150,8 +151,9 @@ void gated_delta_rule_recurrent(ThreadPool* pool, const DeltaRuleArgs& a) {
 }
 
 void moe_route(const float* logits, int64_t T, int E, int k, int32_t* ids, float* weights) {
-  std::vector<float> p(static_cast<size_t>(E));
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  thread_local std::vector<float> p;
+  thread_local std::vector<int32_t> order;
+  p.resize(static_cast<size_t>(E)), order.resize(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits + t * E;
     const float mx = *std::max_element(l, l + E);

@@ -56,9 +56,10 @@ void Qwen35Model::forward(const int32_t* tokens, int64_t T, SequenceState& st, b
 
 void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats) const {
   const int64_t H = c_.hidden_size, V = c_.vocab_size;
-  Rows rows;
+  thread_local Rows rows;  // the scheduler thread's, reused: a decode step allocates nothing
   rows.seqs = seqs;
   rows.row0.assign(seqs.size() + 1, 0);
+  rows.decode.clear(), rows.multi.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     rows.row0[i + 1] = rows.row0[i] + seqs[i].T;
     (seqs[i].T == 1 ? rows.decode : rows.multi).push_back(i);
@@ -138,12 +139,20 @@ void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const flo
       s.state->kv->write(slot, s.state->n_past + t, &k[size_t((r0 + t) * kv_dim)], &v[size_t((r0 + t) * kv_dim)]);
   }
   const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t page_tokens = rows.seqs.empty() ? 1 : rows.seqs[0].state->kv->page_tokens();
   float* const q_all = q.data();
   float* const o_all = o.data();
   for_each_sequence(pool_, rows.decode, rows.multi, [&](size_t i, ThreadPool* pool) {
     const SeqStep& s = rows.seqs[i];
     const int64_t r0 = rows.row0[i], n_kv = s.state->n_past + s.T;
-    thread_local Buf K, Vv;  // this thread's gather buffers
+    if (s.T == 1) {  // decode: read K/V in place from the pages
+      thread_local std::vector<const uint8_t*> kp, vp;
+      s.state->kv->page_rows(slot, n_kv, kp, vp);
+      const ops::PagedKv view{kp.data(), vp.data(), page_tokens, kv_dim, s.state->dtype == CacheDtype::bf16};
+      ops::attention_paged(pool, q_all + r0 * qd, view, 1, n_kv, Hq, Hkv, D, scale, o_all + r0 * qd);
+      return;
+    }
+    thread_local Buf K, Vv;  // prefill: gather once, then T queries read contiguous f32 rows
     K.resize(size_t(n_kv * kv_dim)), Vv.resize(size_t(n_kv * kv_dim));
     s.state->kv->gather(slot, n_kv, K.data(), Vv.data());  // read back: prefill and decode see the same cache
     ops::attention(pool, q_all + r0 * qd, K.data(), Vv.data(), s.T, n_kv, Hq, Hkv, D, scale, o_all + r0 * qd);
