@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
 #include "engine/ops.h"
 
@@ -152,32 +153,63 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
   else work(0, tiles);
 }
 
+namespace {
+
+struct AttentionArgs {
+  const float *q, *k, *v;
+  int64_t T, n_kv;
+  int Hq, Hkv, D;
+  float scale;
+  float* out;
+};
+
+// Items [b, e) of (query row, head): scores, softmax, weighted values. Inlined into a baseline
+// and an AVX2+FMA copy (8-wide simd reductions, fused multiply-adds), chosen once by CPUID:
+// prefill attention is T·n_kv·D multiply-adds per head, the largest compute of a long chunk.
+__attribute__((always_inline)) inline void attention_items(const AttentionArgs& a, int64_t b, int64_t e, float* p) {
+  const int group = a.Hq / a.Hkv, D = a.D;
+  for (int64_t th = b; th < e; ++th) {
+    const int64_t t = th / a.Hq;
+    const int h = int(th % a.Hq), kh = h / group;
+    const int64_t last = a.n_kv - a.T + t;
+    const float* qh = a.q + th * D;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= last; ++j) {
+      const float* kj = a.k + (j * a.Hkv + kh) * D;
+      float sdot = 0;
+#pragma omp simd reduction(+ : sdot)
+      for (int d = 0; d < D; ++d) sdot += qh[d] * kj[d];
+      p[size_t(j)] = sdot * a.scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    float sum = 0;
+    for (int64_t j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+    float* o = a.out + th * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j <= last; ++j) {
+      const float pj = p[size_t(j)] / sum;
+      const float* vj = a.v + (j * a.Hkv + kh) * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) o[d] += pj * vj[d];
+    }
+  }
+}
+
+void attention_items_base(const AttentionArgs& a, int64_t b, int64_t e, float* p) { attention_items(a, b, e, p); }
+__attribute__((target("avx2,fma"))) void attention_items_avx2(const AttentionArgs& a, int64_t b, int64_t e, float* p) {
+  attention_items(a, b, e, p);
+}
+
+}  // namespace
+
 void attention(ThreadPool* pool, const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq,
                int Hkv, int D, float scale, float* out) {
-  const int group = Hq / Hkv;
+  const AttentionArgs args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
+  static const auto items = cpu::cpu_features().has_avx2_set() ? attention_items_avx2 : attention_items_base;
   auto work = [&](int64_t b, int64_t e) {
-    std::vector<float> p(static_cast<size_t>(n_kv));
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / Hq;
-      const int h = int(th % Hq), kh = h / group;
-      const int64_t last = n_kv - T + t;
-      const float* qh = q + th * D;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j <= last; ++j) {
-        p[size_t(j)] = dot(qh, k + (j * Hkv + kh) * D, D) * scale;
-        mx = std::max(mx, p[size_t(j)]);
-      }
-      float sum = 0;
-      for (int64_t j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
-      float* o = out + th * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t j = 0; j <= last; ++j) {
-        const float pj = p[size_t(j)] / sum;
-        const float* vj = v + (j * Hkv + kh) * D;
-#pragma omp simd
-        for (int d = 0; d < D; ++d) o[d] += pj * vj[d];
-      }
-    }
+    thread_local std::vector<float> p;
+    p.resize(static_cast<size_t>(n_kv));
+    items(args, b, e, p.data());
   };
   if (pool) pool->parallel_for(T * Hq, 1, work);
   else work(0, T * Hq);
