@@ -163,41 +163,86 @@ struct AttentionArgs {
   float* out;
 };
 
-// Items [b, e) of (query row, head): scores, softmax, weighted values. Inlined into a baseline
-// and an AVX2+FMA copy (8-wide simd reductions, fused multiply-adds), chosen once by CPUID:
-// prefill attention is T·n_kv·D multiply-adds per head, the largest compute of a long chunk.
-__attribute__((always_inline)) inline void attention_items(const AttentionArgs& a, int64_t b, int64_t e, float* p) {
+// Prefill attention, blocked like flash attention so each K/V row is read once per block of
+// queries instead of once per query row (a 512-token chunk over an 8k context otherwise streams
+// ~16 MB of K/V from memory for each of its 4,096 (token, head) rows). An item is one KV head and
+// up to kQueryBlock tokens: its rows are every (token, query head of that KV head's group), so
+// group·kQueryBlock rows share each key and value row while it sits in L1. Keys come in blocks of
+// kKeyBlock with an online softmax (running max m, sum l, output acc rescaled when the max
+// rises); the full score matrix never exists. Inlined into a baseline and an AVX2+FMA copy.
+constexpr int64_t kQueryBlock = 16, kKeyBlock = 64;
+
+struct AttentionScratch {
+  std::vector<float> s, acc, m, l;
+};
+
+__attribute__((always_inline)) inline void attention_block(const AttentionArgs& a, int64_t item, AttentionScratch& w) {
   const int group = a.Hq / a.Hkv, D = a.D;
-  for (int64_t th = b; th < e; ++th) {
-    const int64_t t = th / a.Hq;
-    const int h = int(th % a.Hq), kh = h / group;
-    const int64_t last = a.n_kv - a.T + t;
-    const float* qh = a.q + th * D;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= last; ++j) {
-      const float* kj = a.k + (j * a.Hkv + kh) * D;
-      float sdot = 0;
-#pragma omp simd reduction(+ : sdot)
-      for (int d = 0; d < D; ++d) sdot += qh[d] * kj[d];
-      p[size_t(j)] = sdot * a.scale;
-      mx = std::max(mx, p[size_t(j)]);
+  const int64_t n_tb = (a.T + kQueryBlock - 1) / kQueryBlock;
+  const int kh = int(item / n_tb);
+  const int64_t t0 = (item % n_tb) * kQueryBlock, nt = std::min(kQueryBlock, a.T - t0);
+  const int64_t R = nt * group;  // row r = (token t0 + r / group, head kh·group + r % group)
+  w.s.resize(size_t(R * kKeyBlock)), w.acc.assign(size_t(R * D), 0.0f);
+  w.m.assign(size_t(R), -INFINITY), w.l.assign(size_t(R), 0.0f);
+  auto qrow = [&](int64_t r) { return a.q + ((t0 + r / group) * a.Hq + kh * group + r % group) * D; };
+  const int64_t base = a.n_kv - a.T;         // query t sees keys 0..base + t
+  const int64_t n_keys = base + t0 + nt;     // the block's last row sees keys 0..n_keys − 1
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
+    const int64_t jn = std::min(kKeyBlock, n_keys - j0);
+    for (int64_t j = 0; j < jn; ++j) {  // scores: each key row once for all R query rows
+      const float* kj = a.k + ((j0 + j) * a.Hkv + kh) * D;
+      for (int64_t r = 0; r < R; ++r) {
+        const bool visible = j0 + j <= base + t0 + r / group;
+        w.s[size_t(r * kKeyBlock + j)] = visible ? dot(qrow(r), kj, D) * a.scale : -INFINITY;
+      }
     }
-    float sum = 0;
-    for (int64_t j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
-    float* o = a.out + th * D;
-    std::fill(o, o + D, 0.0f);
-    for (int64_t j = 0; j <= last; ++j) {
-      const float pj = p[size_t(j)] / sum;
-      const float* vj = a.v + (j * a.Hkv + kh) * D;
+    for (int64_t r = 0; r < R; ++r) {  // online softmax per row
+      float* sr = &w.s[size_t(r * kKeyBlock)];
+      float bm = -INFINITY;
+      for (int64_t j = 0; j < jn; ++j) bm = std::max(bm, sr[j]);
+      if (bm == -INFINITY) {  // the whole block is in this row's future: no weight
+        std::fill(sr, sr + jn, 0.0f);
+        continue;
+      }
+      float& m = w.m[size_t(r)];
+      if (bm > m) {
+        const float c = std::exp(m - bm);  // 0 on the row's first block
+        w.l[size_t(r)] *= c;
+        float* acc = &w.acc[size_t(r * D)];
 #pragma omp simd
-      for (int d = 0; d < D; ++d) o[d] += pj * vj[d];
+        for (int d = 0; d < D; ++d) acc[d] *= c;
+        m = bm;
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < jn; ++j) sum += (sr[j] = std::exp(sr[j] - m));  // exp(−inf) = 0
+      w.l[size_t(r)] += sum;
     }
+    for (int64_t j = 0; j < jn; ++j) {  // weighted values: each value row once for all R rows
+      const float* vj = a.v + ((j0 + j) * a.Hkv + kh) * D;
+      for (int64_t r = 0; r < R; ++r) {
+        const float p = w.s[size_t(r * kKeyBlock + j)];
+        if (p == 0.0f) continue;
+        float* acc = &w.acc[size_t(r * D)];
+#pragma omp simd
+        for (int d = 0; d < D; ++d) acc[d] += p * vj[d];
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.0f / w.l[size_t(r)];
+    float* o = a.out + ((t0 + r / group) * a.Hq + kh * group + r % group) * D;
+    const float* acc = &w.acc[size_t(r * D)];
+#pragma omp simd
+    for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
   }
 }
 
-void attention_items_base(const AttentionArgs& a, int64_t b, int64_t e, float* p) { attention_items(a, b, e, p); }
-__attribute__((target("avx2,fma"))) void attention_items_avx2(const AttentionArgs& a, int64_t b, int64_t e, float* p) {
-  attention_items(a, b, e, p);
+void attention_blocks_base(const AttentionArgs& a, int64_t b, int64_t e, AttentionScratch& w) {
+  for (int64_t i = b; i < e; ++i) attention_block(a, i, w);
+}
+__attribute__((target("avx2,fma"))) void attention_blocks_avx2(const AttentionArgs& a, int64_t b, int64_t e,
+                                                              AttentionScratch& w) {
+  for (int64_t i = b; i < e; ++i) attention_block(a, i, w);
 }
 
 }  // namespace
@@ -205,70 +250,114 @@ __attribute__((target("avx2,fma"))) void attention_items_avx2(const AttentionArg
 void attention(ThreadPool* pool, const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq,
                int Hkv, int D, float scale, float* out) {
   const AttentionArgs args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
-  static const auto items = cpu::cpu_features().has_avx2_set() ? attention_items_avx2 : attention_items_base;
+  static const auto blocks = cpu::cpu_features().has_avx2_set() ? attention_blocks_avx2 : attention_blocks_base;
   auto work = [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> p;
-    p.resize(static_cast<size_t>(n_kv));
-    items(args, b, e, p.data());
+    thread_local AttentionScratch scratch;  // grows once per thread
+    blocks(args, b, e, scratch);
   };
-  if (pool) pool->parallel_for(T * Hq, 1, work);
-  else work(0, T * Hq);
+  const int64_t items = int64_t(Hkv) * ((T + kQueryBlock - 1) / kQueryBlock);
+  if (pool) pool->parallel_for(items, 1, work);
+  else work(0, items);
 }
 
 // Per query row and head: keys in blocks of one page; the running max m, sum l and output acc
 // are rescaled once per block when the block raises the max (flash-decoding's online softmax).
 void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
                      int D, float scale, float* out) {
+  // An item is one (query token, KV head, key split): the `group` query heads of that KV head
+  // share every K/V row read (GQA: reading it per query head would stream the cache group×).
+  // Decode has only Hkv (token, KV head) pairs, too few to occupy the threads over a long
+  // context, so keys are also split page-aligned across items (flash-decoding) and the splits'
+  // partial softmax states (m, l, acc) are merged afterwards.
   const int group = Hq / Hkv;
   const int64_t P = kv.page_tokens;
+  const int threads = pool ? pool->size() : 1;
+  const int64_t pages = (n_kv + P - 1) / P;
+  const int64_t splits = std::clamp<int64_t>((2 * threads + T * Hkv - 1) / (T * Hkv), 1, std::max<int64_t>(1, pages / 4));
+  const int64_t pages_per_split = (pages + splits - 1) / splits;
+  const int64_t part = int64_t(group) * (D + 2);  // per item: group × (acc[D], m, l)
+  thread_local std::vector<float> partial_buf;  // the calling thread's; grows once
+  partial_buf.resize(size_t(T * Hkv * splits * part));
+  float* const partial = partial_buf.data();  // by pointer: workers would see their own thread_local
   auto work = [&](int64_t b, int64_t e) {
     thread_local std::vector<float> kbuf, vbuf, s;
-    kbuf.resize(size_t(P * D)), vbuf.resize(size_t(P * D)), s.resize(size_t(P));
-    for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / Hq;
-      const int h = int(th % Hq), kh = h / group;
+    kbuf.resize(size_t(D)), vbuf.resize(size_t(D)), s.resize(size_t(group * P));
+    const size_t elt = kv.bf16 ? 2 : 4;
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t sp = it % splits, t = it / splits / Hkv;
+      const int kh = int(it / splits % Hkv);
       const int64_t n = n_kv - T + t + 1;  // keys 0..n-1
-      const float* qh = q + th * D;
-      float* o = out + th * D;
-      std::fill(o, o + D, 0.0f);
-      float m = -INFINITY, l = 0.0f;
-      for (int64_t p0 = 0; p0 < n; p0 += P) {
-        const int64_t cnt = std::min(P, n - p0);
+      const int64_t k_begin = sp * pages_per_split * P, k_end = std::min(n, (sp + 1) * pages_per_split * P);
+      float* res = partial + it * part;
+      for (int g = 0; g < group; ++g) {
+        float* acc = res + g * (D + 2);
+        std::fill(acc, acc + D, 0.0f);
+        acc[D] = -INFINITY, acc[D + 1] = 0.0f;  // m, l
+      }
+      const float* qg = q + (t * Hq + int64_t(kh) * group) * D;
+      for (int64_t p0 = k_begin; p0 < k_end; p0 += P) {
+        const int64_t cnt = std::min(P, k_end - p0);
         const uint8_t* kp = kv.k_pages[p0 / P];
         const uint8_t* vp = kv.v_pages[p0 / P];
-        const size_t elt = kv.bf16 ? 2 : 4;
-        auto rows = [&](const uint8_t* page, int64_t j, float* buf) -> const float* {
+        auto row = [&](const uint8_t* page, int64_t j, float* buf) -> const float* {
           const uint8_t* src = page + size_t(j * kv.row + int64_t(kh) * D) * elt;
           if (!kv.bf16) return reinterpret_cast<const float*>(src);
           to_f32(Dtype::bf16, src, buf, D);
           return buf;
         };
-        float bm = -INFINITY;
         for (int64_t j = 0; j < cnt; ++j) {
-          s[size_t(j)] = dot(qh, rows(kp, j, &kbuf[size_t(j * D)]), D) * scale;
-          bm = std::max(bm, s[size_t(j)]);
+          const float* kj = row(kp, j, kbuf.data());
+          for (int g = 0; g < group; ++g) s[size_t(g * P + j)] = dot(qg + g * D, kj, D) * scale;
         }
-        if (bm > m) {
-          const float c = std::exp(m - bm);  // 0 on the first block
-          l *= c;
+        for (int g = 0; g < group; ++g) {
+          float* acc = res + g * (D + 2);
+          float* sg = &s[size_t(g * P)];
+          float bm = -INFINITY;
+          for (int64_t j = 0; j < cnt; ++j) bm = std::max(bm, sg[j]);
+          if (bm > acc[D]) {
+            const float c = std::exp(acc[D] - bm);  // 0 on the first block
+            acc[D + 1] *= c;
 #pragma omp simd
-          for (int d = 0; d < D; ++d) o[d] *= c;
-          m = bm;
+            for (int d = 0; d < D; ++d) acc[d] *= c;
+            acc[D] = bm;
+          }
+          for (int64_t j = 0; j < cnt; ++j) acc[D + 1] += (sg[j] = std::exp(sg[j] - acc[D]));
         }
         for (int64_t j = 0; j < cnt; ++j) {
-          const float pj = std::exp(s[size_t(j)] - m);
-          l += pj;
-          const float* vj = rows(vp, j, &vbuf[size_t(j * D)]);
+          const float* vj = row(vp, j, vbuf.data());
+          for (int g = 0; g < group; ++g) {
+            const float pj = s[size_t(g * P + j)];
+            float* acc = res + g * (D + 2);
 #pragma omp simd
-          for (int d = 0; d < D; ++d) o[d] += pj * vj[d];
+            for (int d = 0; d < D; ++d) acc[d] += pj * vj[d];
+          }
         }
       }
-      const float inv = 1.0f / l;
-      for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   };
-  if (pool) pool->parallel_for(T * Hq, 1, work);
-  else work(0, T * Hq);
+  const int64_t items = T * Hkv * splits;
+  if (pool) pool->parallel_for(items, 1, work);
+  else work(0, items);
+  // Merge the splits of each (token, query head): rescale each to the largest max, sum, divide.
+  for (int64_t t = 0; t < T; ++t)
+    for (int kh = 0; kh < Hkv; ++kh)
+      for (int g = 0; g < group; ++g) {
+        const float* first = partial + (t * Hkv + kh) * splits * part + g * (D + 2);
+        float m = -INFINITY;
+        for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, first[sp * part + D]);
+        float* o = out + (t * Hq + int64_t(kh) * group + g) * D;
+        std::fill(o, o + D, 0.0f);
+        float l = 0.0f;
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const float* r = first + sp * part;
+          if (r[D + 1] == 0.0f) continue;  // a split past this token's last key
+          const float c = std::exp(r[D] - m);
+          l += c * r[D + 1];
+          for (int d = 0; d < D; ++d) o[d] += c * r[d];
+        }
+        const float inv = 1.0f / l;
+        for (int d = 0; d < D; ++d) o[d] *= inv;
+      }
 }
 
 }  // namespace kiln::engine::ops

@@ -69,7 +69,10 @@ TEST(Ops, F16DecoderHandlesSubnormalsAndSpecials) {
 
 TEST(Ops, AttentionMatchesReference) {
   ThreadPool pool(2);
-  for (auto [T, n_kv, Hq, Hkv] : {std::tuple<int64_t, int64_t, int, int>{1, 1, 2, 1}, {1, 40, 4, 2}, {9, 9, 6, 2}, {5, 30, 4, 4}}) {
+  for (auto [T, n_kv, Hq, Hkv] : {std::tuple<int64_t, int64_t, int, int>{1, 1, 2, 1}, {1, 40, 4, 2}, {9, 9, 6, 2}, {5, 30, 4, 4},
+                                   // several query blocks (16 tokens) and key blocks (64 keys),
+                                   // partial at both ends, with and without a cached prefix
+                                   {37, 37, 8, 2}, {40, 200, 4, 1}, {70, 135, 2, 2}}) {
     const int D = 16;
     auto q = randn(size_t(T * Hq * D), 1), k = randn(size_t(n_kv * Hkv * D), 2), v = randn(size_t(n_kv * Hkv * D), 3);
     std::vector<float> o(q.size()), r(q.size());
