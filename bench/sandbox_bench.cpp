@@ -33,7 +33,8 @@ struct Stats {
 };
 
 Stats measure(const std::string& name, int n, const std::function<bool()>& once) {
-  Stats s{name};
+  Stats s;
+  s.name = name;
   once();  // warm up (page cache, cgroup detection)
   auto start = Clock::now();
   for (int i = 0; i < n; ++i) {

@@ -12,18 +12,16 @@
 
 #include "engine/engine.h"
 #include "test_models.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
 
+using testing::random_tokens;
+
 using testing::make_model;
 using namespace std::chrono_literals;
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % int32_t(vocab);
-  return t;
-}
 
 void wait_for(const std::function<bool()>& pred) {
   for (int i = 0; i < 2000 && !pred(); ++i) std::this_thread::sleep_for(5ms);

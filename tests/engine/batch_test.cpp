@@ -12,23 +12,17 @@
 
 #include "engine/engine.h"
 #include "test_models.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
 
+using testing::rel_l2;
+using testing::random_tokens;
+
 using testing::make_model;
 
-double rel_l2(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) num += double(a[i] - b[i]) * (a[i] - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / den);
-}
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % int32_t(vocab);
-  return t;
-}
 
 int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
 
@@ -96,7 +90,9 @@ TEST_P(Batched, LogitsEqualSoloRuns) {
   auto model = Model::load(make_model(c.tiny), o);
   ASSERT_TRUE(model.ok()) << model.error();
   Model& m = **model;
-  if (c.weights) ASSERT_EQ(m.weights().lm_head.dtype, Dtype::q8);
+  if (c.weights) {
+    ASSERT_EQ(m.weights().lm_head.dtype, Dtype::q8);
+  }
   const int64_t V = m.config().vocab_size;
   const int64_t lengths[8] = {5, 200, 1, 64, 70, 130, 17, 33};
   std::vector<Seq> solo, batch;

@@ -9,9 +9,12 @@
 #include <vector>
 
 #include "engine/cpu/matmul.h"
+#include "test_math.h"
 
 namespace kiln::engine::cpu {
 namespace {
+
+using testing::rel_l2;
 
 // Fast vs reference: identical integer sums; only the float accumulation order differs (8-lane
 // partial sums, then a horizontal add), which moves a sum of K products by ~K·2^-24 relative.
@@ -71,14 +74,6 @@ std::vector<float> exact(const std::vector<float>& w, const std::vector<float>& 
   return y;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
 
 struct Shape {
   int64_t rows, cols, n;

@@ -9,9 +9,12 @@
 #include <gtest/gtest.h>
 
 #include "engine/ops.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
+
+using testing::rel_l2;
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 g(seed);
@@ -21,11 +24,6 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += double(a[i] - b[i]) * (a[i] - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / std::max(den, 1e-300));
-}
 
 // f32 accumulation of K ≤ 1000 products vs the f64 reference: ~1e-7 relative per element.
 constexpr double kMatmulTol = 1e-6;

@@ -10,9 +10,12 @@
 
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/quant.h"
+#include "test_math.h"
 
 namespace kiln::engine::cpu {
 namespace {
+
+using testing::rel_l2;
 
 // Round-trip relative L2 error bounds for N(0,1) data. A block of 32 normals has E max|x| ≈ 2.4σ
 // (and range ≈ 4.1σ); uniform rounding error is step/√12:
@@ -35,14 +38,6 @@ std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
   return v;
 }
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
 
 // Rows that stress the quantizers: normal, all zero, constant, tiny, huge, one outlier.
 std::vector<std::vector<float>> tricky_rows(int64_t cols) {

@@ -15,9 +15,12 @@
 
 #include "engine/engine.h"
 #include "test_models.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
+
+using testing::rel_l2;
 
 const std::string kGolden = std::string(KILN_SHARED_DIR) + "/assets/golden/";
 // q8 keeps each product within ~0.5%; through 4+ random layers that grows to O(10%).
@@ -45,11 +48,6 @@ std::vector<float> logits(const std::string& dir, std::optional<cpu::WeightForma
   return l.ok() ? *l : std::vector<float>{};
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / den);
-}
 
 class GoldenQuantized : public ::testing::TestWithParam<const char*> {};
 
