@@ -4,6 +4,7 @@
 // x holds the rows of every sequence back to back; Rows says where each sequence's rows start.
 #include "engine/models/qwen35.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
