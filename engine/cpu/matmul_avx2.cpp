@@ -3,10 +3,8 @@
 // x86-64) and only called after CPUID says the CPU has it. Twins: matmul_ref.cpp and
 // quant_ref.cpp; tests/engine/kernel_matmul_test.cpp and quant_fns_test.cpp compare them.
 //
-// Integer products: q8 weights are sign-extended to int16 and multiplied with the int16
-// activations by vpmaddwd (16 products, summed in pairs, per instruction); each 32-weight block's
-// int32 lane sums are converted once and scaled by the block's fp16 scale. q4 nibbles are
-// zero-extended the same way; its offset term m·Σx uses the precomputed activation block sums.
+// The q8/q4 products live in matmul_quant_avx2.cpp (their own decode and prefill kernels); this
+// file has the float tiles, the quantizers and the table.
 //
 // Only intrinsics and functions of this file are used inside the target region, so no inline
 // std:: function is ever instantiated with AVX2 code (which the linker could pick for all TUs).
@@ -15,6 +13,7 @@
 
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/matmul_quant_avx2.h"
 
 #if defined(__x86_64__)
 #pragma GCC push_options
@@ -31,15 +30,6 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-// Eight fp16 scales starting at p (fewer at a row's tail) into out[8].
-inline void load_scales(const uint16_t* p, int64_t count, float* out) {
-  if (count >= 8) {
-    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  } else {
-    for (int64_t i = 0; i < count; ++i) out[i] = _cvtsh_ss(p[i]);
-  }
 }
 
 inline __m256 load8_bf16(const uint16_t* p) {
@@ -94,128 +84,6 @@ struct FloatTile {
   }
 };
 
-// ---- q8: int8 weights × int16 activations ------------------------------------------------------
-// Per 32-weight block and row: two sign-extending loads, two vpmaddwd against the token's int16
-// activations, one int32 → f32 conversion and one FMA with the block's scale (~8 µops for 34
-// bytes). That is ~40 GB/s of weights per core from L1/L2 on the dev machines (Zen 3), so decode
-// is bound by memory latency, not arithmetic: the hardware prefetcher alone leaves the kernel at
-// half the read bandwidth, hence the software prefetch (prefetch_span) two tiles ahead.
-// (int8 activations with vpmaddubsw were measured no faster per block on Zen 3 and would add the
-// activations' 8-bit rounding, ~0.5% on their own, to every product.)
-struct Q8Tile {
-  template <int R, int T>
-  static void run(const WeightMatrix& w, int64_t r, const MatmulInput& x, int64_t t, float* y,
-                  int64_t ldy) {
-    const int64_t k = w.cols, nb = k / kQuantBlock;
-    const uint16_t* ds[R];
-    const int8_t* qs[R];
-    for (int i = 0; i < R; ++i) {
-      ds[i] = reinterpret_cast<const uint16_t*>(w.row(r + i));
-      qs[i] = reinterpret_cast<const int8_t*>(w.row(r + i) + 2 * nb);
-    }
-    // Decode streams the matrix once: fetch the tile two ahead while this one computes.
-    const uint8_t* ahead = w.row(r) + 2 * R * w.stride();
-    const int64_t ahead_step = R * w.stride() / nb;  // bytes of the tile per block
-    __m256 acc[R][T];
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < T; ++j) acc[i][j] = _mm256_setzero_ps();
-    alignas(32) float scale[R][8];
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-      const int64_t cnt = nb - b0 < 8 ? nb - b0 : 8;
-      for (int i = 0; i < R; ++i) load_scales(ds[i] + b0, cnt, scale[i]);
-      for (int64_t bb = 0; bb < cnt; ++bb) {
-        const int64_t off = (b0 + bb) * kQuantBlock;
-        if (T == 1) prefetch_span(ahead + (b0 + bb) * ahead_step, ahead_step);
-        __m256i w0[R], w1[R];
-        for (int i = 0; i < R; ++i) {
-          w0[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[i] + off)));
-          w1[i] = _mm256_cvtepi8_epi16(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[i] + off + 16)));
-        }
-        for (int j = 0; j < T; ++j) {
-          const int16_t* xq = x.q16.q + (t + j) * k + off;
-          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
-          for (int i = 0; i < R; ++i) {
-            const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1));
-            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&scale[i][bb]), acc[i][j]);
-          }
-        }
-      }
-    }
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < T; ++j) y[(t + j) * ldy + r + i] = x.q16.d[t + j] * hsum(acc[i][j]);
-  }
-};
-
-// ---- q4: uint4 weights (w = m + d·q) × int16 activations ---------------------------------------
-// A block's 16 bytes are zero-extended to 16-bit lanes once; lane j then holds q_j + 16·q_{j+16},
-// so `& 15` and `>> 4` give both halves in order (no byte-level unpacking). The offset term
-// m·Σx takes one FMA per 8 blocks: eight fp16 offsets × the eight precomputed activation block sums.
-struct Q4Tile {
-  template <int R, int T>
-  static void run(const WeightMatrix& w, int64_t r, const MatmulInput& x, int64_t t, float* y,
-                  int64_t ldy) {
-    const int64_t k = w.cols, nb = k / kQuantBlock;
-    const uint16_t* ds[R];
-    const uint8_t* qs[R];
-    for (int i = 0; i < R; ++i) {
-      ds[i] = reinterpret_cast<const uint16_t*>(w.row(r + i));
-      qs[i] = w.row(r + i) + 4 * nb;
-    }
-    const uint8_t* ahead = w.row(r) + 2 * R * w.stride();
-    const int64_t ahead_step = R * w.stride() / nb;
-    const __m256i low4 = _mm256_set1_epi16(0x0f);
-    __m256 acc[R][T];
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < T; ++j) acc[i][j] = _mm256_setzero_ps();
-    alignas(32) float scale[R][8];
-    alignas(32) float offset[R][8];
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-      const int64_t cnt = nb - b0 < 8 ? nb - b0 : 8;
-      for (int i = 0; i < R; ++i) {
-        load_scales(ds[i] + b0, cnt, scale[i]);
-        load_scales(ds[i] + nb + b0, cnt, offset[i]);
-        for (int64_t u = cnt; u < 8; ++u) offset[i][u] = 0.0f;  // tail: lanes past the row
-      }
-      // Offset term: Σ_b m_b · (Σ x_q over block b), eight blocks per vector.
-      for (int j = 0; j < T; ++j) {
-        const int32_t* bs = x.q16.block_sum + (t + j) * nb + b0;
-        __m256 bsv;
-        if (cnt == 8) {
-          bsv = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));
-        } else {
-          alignas(32) float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          for (int64_t u = 0; u < cnt; ++u) tmp[u] = static_cast<float>(bs[u]);
-          bsv = _mm256_load_ps(tmp);
-        }
-        for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_load_ps(offset[i]), bsv, acc[i][j]);
-      }
-      for (int64_t bb = 0; bb < cnt; ++bb) {
-        const int64_t off = (b0 + bb) * kQuantBlock;
-        if (T == 1) prefetch_span(ahead + (b0 + bb) * ahead_step, ahead_step);
-        __m256i w0[R], w1[R];
-        for (int i = 0; i < R; ++i) {
-          const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs[i] + off / 2)));
-          w0[i] = _mm256_and_si256(v, low4);
-          w1[i] = _mm256_srli_epi16(v, 4);
-        }
-        for (int j = 0; j < T; ++j) {
-          const int16_t* xq = x.q16.q + (t + j) * k + off;
-          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
-          for (int i = 0; i < R; ++i) {
-            const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1));
-            acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(&scale[i][bb]), acc[i][j]);
-          }
-        }
-      }
-    }
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < T; ++j) y[(t + j) * ldy + r + i] = x.q16.d[t + j] * hsum(acc[i][j]);
-  }
-};
-
 void matmul_f32_avx2(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy,
                      int64_t r0, int64_t r1) {
   tiles::drive<FloatTile<false>>(w, x, y, ldy, r0, r1);
@@ -223,14 +91,6 @@ void matmul_f32_avx2(const WeightMatrix& w, const MatmulInput& x, float* y, int6
 void matmul_bf16_avx2(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy,
                       int64_t r0, int64_t r1) {
   tiles::drive<FloatTile<true>>(w, x, y, ldy, r0, r1);
-}
-void matmul_q8_avx2(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy,
-                    int64_t r0, int64_t r1) {
-  tiles::drive<Q8Tile>(w, x, y, ldy, r0, r1);
-}
-void matmul_q4_avx2(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy,
-                    int64_t r0, int64_t r1) {
-  tiles::drive<Q4Tile>(w, x, y, ldy, r0, r1);
 }
 
 // ---- quantizers: same arithmetic as quant_ref.cpp, so the bytes are identical ------------------
@@ -348,7 +208,7 @@ void quantize_bf16_avx2(const float* src, uint8_t* dst, int64_t cols) {
 
 const KernelTable kAvx2Table = {
     "avx2",
-    {matmul_f32_avx2, matmul_bf16_avx2, matmul_q8_avx2, matmul_q4_avx2},
+    {matmul_f32_avx2, matmul_bf16_avx2, avx2::matmul_q8, avx2::matmul_q4},
     {quantize_f32_copy, quantize_bf16_avx2, quantize_row_q8_avx2, quantize_row_q4_avx2},
     quantize_acts_avx2,
 };

@@ -1,6 +1,7 @@
 // Reference matrix products: plain loops over one row and one token at a time, never optimized.
 // They define what the SIMD kernels compute (same integer sums, same scale algebra); they are
 // also the portable fallback on CPUs without AVX2.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -36,6 +37,15 @@ void matmul_bf16_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int6
     }
 }
 
+// The quantized products' definition, shared by every kernel table (see matmul_quant_avx2.cpp):
+// exact int32 block sums s_b, folded into eight partial sums a_j (block b into a_{b mod 8}) by
+// fma(float(s_b), d_b, a_j) [q4: then fma(m_b, float(Σ_block q_x), a_j)] in ascending b, then
+// y = d_x · (((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))). Fixing the order makes an
+// output independent of the kernel and of how many tokens share the call.
+float fold_partial_sums(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 void matmul_q8_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy,
                    int64_t r0, int64_t r1) {
   const int64_t nb = w.cols / kQuantBlock;
@@ -44,13 +54,13 @@ void matmul_q8_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_
       const auto* d = reinterpret_cast<const uint16_t*>(w.row(r));
       const auto* q = reinterpret_cast<const int8_t*>(w.row(r) + 2 * nb);
       const int16_t* xq = x.q16.q + t * x.k;
-      float acc = 0.0f;
+      float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
         for (int64_t j = b * kQuantBlock; j < (b + 1) * kQuantBlock; ++j) s += q[j] * xq[j];
-        acc += fp16_to_fp32(d[b]) * static_cast<float>(s);
+        a[b % 8] = std::fma(static_cast<float>(s), fp16_to_fp32(d[b]), a[b % 8]);
       }
-      y[t * ldy + r] = x.q16.d[t] * acc;
+      y[t * ldy + r] = x.q16.d[t] * fold_partial_sums(a);
     }
 }
 
@@ -64,17 +74,17 @@ void matmul_q4_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_
       const uint8_t* q = w.row(r) + 4 * nb;
       const int16_t* xq = x.q16.q + t * x.k;
       const int32_t* xs = x.q16.block_sum + t * nb;
-      float acc = 0.0f;
+      float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
         for (int64_t j = 0; j < 16; ++j) {
           s += (q[b * 16 + j] & 0xf) * xq[b * kQuantBlock + j];
           s += (q[b * 16 + j] >> 4) * xq[b * kQuantBlock + 16 + j];
         }
-        acc += fp16_to_fp32(d[b]) * static_cast<float>(s) +
-               fp16_to_fp32(m[b]) * static_cast<float>(xs[b]);
+        a[b % 8] = std::fma(static_cast<float>(s), fp16_to_fp32(d[b]), a[b % 8]);
+        a[b % 8] = std::fma(fp16_to_fp32(m[b]), static_cast<float>(xs[b]), a[b % 8]);
       }
-      y[t * ldy + r] = x.q16.d[t] * acc;
+      y[t * ldy + r] = x.q16.d[t] * fold_partial_sums(a);
     }
 }
 

@@ -16,6 +16,10 @@ namespace {
 
 constexpr int64_t kTileRows = 4;
 
+// Rows per work item of a kernel-table product: decode streams 4-row tiles; with several tokens
+// the q8/q4 kernels unpack 16-row panels, so an item must not cut a panel short.
+constexpr int64_t kernel_tile_rows(int64_t T) { return T == 1 ? 4 : 16; }
+
 // Four dot products sharing the loads of x.
 inline void dot4(const float* x, const float* w, int64_t K, float* s) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -96,12 +100,13 @@ void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float*
   thread_local cpu::ActQ16Buffer acts;
   const cpu::MatmulInput in = cpu::prepare_input(kt, *format, x, T, w.cols, acts);
   const cpu::MatmulFn fn = kt.matmul[int(*format)];
-  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
+  const int64_t tile_rows = kernel_tile_rows(T);
+  const int64_t tiles = (w.rows + tile_rows - 1) / tile_rows;
   auto work = [&](int64_t b, int64_t e) {
-    fn(wm, in, y, w.rows, b * kTileRows, std::min(w.rows, e * kTileRows));
+    fn(wm, in, y, w.rows, b * tile_rows, std::min(w.rows, e * tile_rows));
   };
   // Grain: enough rows that a chunk is worth a hand-off (~64K multiply-adds).
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, w.cols * T * kTileRows));
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, w.cols * T * tile_rows));
   if (pool) pool->parallel_for(tiles, grain, work);
   else work(0, tiles);
 }
@@ -128,7 +133,8 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
       continue;
     }
     inputs[size_t(i)] = cpu::prepare_input(kt, *kernel_format(j.w->dtype), j.x, j.T, j.w->cols, acts[size_t(i)]);
-    first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.w->rows + kTileRows - 1) / kTileRows;
+    const int64_t tile_rows = kernel_tile_rows(j.T);
+    first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.w->rows + tile_rows - 1) / tile_rows;
     macs += j.w->rows * j.w->cols * j.T;
   }
   const int64_t tiles = first_tile[size_t(n_jobs)];
@@ -142,8 +148,9 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
       const MatmulJob& j = jobs[i];
       const cpu::WeightFormat f = *kernel_format(j.w->dtype);
       const cpu::WeightMatrix wm{f, j.w->rows, j.w->cols, static_cast<const uint8_t*>(j.w->data)};
-      const int64_t r0 = (t - first_tile[size_t(i)]) * kTileRows;
-      const int64_t r1 = std::min(j.w->rows, (job_end - first_tile[size_t(i)]) * kTileRows);
+      const int64_t tile_rows = kernel_tile_rows(j.T);
+      const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
+      const int64_t r1 = std::min(j.w->rows, (job_end - first_tile[size_t(i)]) * tile_rows);
       kt.matmul[int(f)](wm, inputs[size_t(i)], j.y, j.w->rows, r0, r1);
       t = job_end;
     }
@@ -260,6 +267,10 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
   else work(0, items);
 }
 
+// Keys per flash-decoding split: long enough that a split's merge is cheap next to its reads,
+// short enough that an 8k context gives both threads many items per KV head.
+constexpr int64_t kKeysPerSplit = 512;
+
 // Per query row and head: keys in blocks of one page; the running max m, sum l and output acc
 // are rescaled once per block when the block raises the max (flash-decoding's online softmax).
 void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
@@ -269,12 +280,14 @@ void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_
   // Decode has only Hkv (token, KV head) pairs, too few to occupy the threads over a long
   // context, so keys are also split page-aligned across items (flash-decoding) and the splits'
   // partial softmax states (m, l, acc) are merged afterwards.
+  // The splits depend on the context length alone, never on the threads or the batch: a
+  // sequence's attention (and so its logits) is bitwise the same alone, batched, with or
+  // without a pool.
   const int group = Hq / Hkv;
   const int64_t P = kv.page_tokens;
-  const int threads = pool ? pool->size() : 1;
   const int64_t pages = (n_kv + P - 1) / P;
-  const int64_t splits = std::clamp<int64_t>((2 * threads + T * Hkv - 1) / (T * Hkv), 1, std::max<int64_t>(1, pages / 4));
-  const int64_t pages_per_split = (pages + splits - 1) / splits;
+  const int64_t pages_per_split = std::max<int64_t>(1, kKeysPerSplit / P);
+  const int64_t splits = (pages + pages_per_split - 1) / pages_per_split;
   const int64_t part = int64_t(group) * (D + 2);  // per item: group × (acc[D], m, l)
   thread_local std::vector<float> partial_buf;  // the calling thread's; grows once
   partial_buf.resize(size_t(T * Hkv * splits * part));

@@ -112,7 +112,9 @@ TEST_P(Batched, LogitsEqualSoloRuns) {
       ASSERT_EQ(x.logits.size(), y.logits.size());
       const double rel = rel_l2(y.logits.data(), x.logits.data(), int64_t(x.logits.size()));
       worst = std::max(worst, rel);
-      EXPECT_LE(rel, 1e-5) << c.name << " step " << s << " sequence " << i;
+      // Issue 10 asks ≤ 1e-5; every kernel computes a row's outputs independently of the
+      // other rows of the step (and attention splits by context length only), so it is exact.
+      EXPECT_TRUE(x.logits == y.logits) << c.name << " step " << s << " sequence " << i << ": rel L2 " << rel;
       ++compared, identical += x.logits == y.logits;
       // Next step: greedy decode; sequence 3 appends three tokens instead.
       const int32_t next = argmax(&x.logits[x.logits.size() - size_t(V)], V);

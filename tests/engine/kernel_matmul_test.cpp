@@ -16,8 +16,9 @@ namespace {
 
 using testing::rel_l2;
 
-// Fast vs reference: identical integer sums; only the float accumulation order differs (8-lane
-// partial sums, then a horizontal add), which moves a sum of K products by ~K·2^-24 relative.
+// Fast vs reference, float formats: only the float accumulation order differs (8-lane partial
+// sums, then a horizontal add), which moves a sum of K products by ~K·2^-24 relative.
+// q8/q4 share one definition of the arithmetic (matmul_ref.cpp), so they must match exactly.
 constexpr double kFastVsRefRel = 2e-5;
 // Quantized product vs exact f32 product, relative L2 over the output. For random weights the
 // product's error equals the weights' rms rounding error (see quant_fns_test.cpp):
@@ -102,7 +103,9 @@ void expect_matches_ref(const KernelTable& kt, WeightFormat f, const Shape& s, u
   for (float v : want) norm = std::max(norm, double(std::fabs(v)));
   int bad = 0;
   for (size_t i = 0; i < want.size() && bad < 10; ++i) {
-    const double tol = kFastVsRefRel * (norm + std::fabs(want[i])) * std::sqrt(double(s.cols) / 64);
+    const double tol = is_block_format(f)
+                           ? 0.0
+                           : kFastVsRefRel * (norm + std::fabs(want[i])) * std::sqrt(double(s.cols) / 64);
     if (!(std::fabs(got[i] - want[i]) <= tol)) {
       ADD_FAILURE() << describe(kt, f, s) << ": y[t=" << i / s.rows << ", r=" << i % s.rows
                     << "] = " << got[i] << ", reference " << want[i];
@@ -124,6 +127,29 @@ TEST(KernelMatmul, FastTablesMatchReferenceForEveryFormatAndShape) {
   for (const KernelTable* kt : tables)
     for (int f = 0; f < kWeightFormatCount; ++f)
       for (const Shape& s : kShapes) expect_matches_ref(*kt, WeightFormat(f), s, seed++);
+}
+
+// A token's q8/q4 outputs are bitwise the same whether it is multiplied alone (the decode
+// kernel) or with other tokens (the panel kernel, every tile width and tail): what lets a
+// session's logits be identical alone and batched.
+TEST(KernelMatmul, QuantizedOutputsDoNotDependOnTheTokensSharingTheCall) {
+  std::vector<const KernelTable*> tables = {&kernels_ref()};
+  if (kernels_avx2()) tables.push_back(kernels_avx2());
+  for (const KernelTable* kt : tables)
+    for (WeightFormat f : {WeightFormat::q8, WeightFormat::q4})
+      for (const Shape& s : {Shape{45, 288, 7}, Shape{16, 256, 4}, Shape{21, 1024, 11}, Shape{3, 64, 2}}) {
+        const auto w = gaussian(s.rows * s.cols, 11);
+        const auto x = gaussian(s.n * s.cols, 12);
+        const Stored st = store(f, w, s.rows, s.cols);
+        ActQ16Buffer buf;
+        std::vector<float> together(s.n * s.rows), alone(s.rows);
+        matmul(*kt, st.view, x.data(), s.n, together.data(), s.rows, buf);
+        for (int64_t t = 0; t < s.n; ++t) {
+          matmul(*kt, st.view, x.data() + t * s.cols, 1, alone.data(), s.rows, buf);
+          for (int64_t r = 0; r < s.rows; ++r)
+            ASSERT_EQ(together[t * s.rows + r], alone[r]) << describe(*kt, f, s) << " t=" << t << " r=" << r;
+        }
+      }
 }
 
 TEST(KernelMatmul, FloatFormatsHandleColumnsNotMultipleOfEight) {
