@@ -1,5 +1,6 @@
-// q8 and q4 products on AVX2: a streaming matrix-vector kernel for decode (one token) and a
-// register-blocked matrix-matrix kernel for prefill and batched decode (T > 1).
+// q8 and q4 products on AVX2: a streaming kernel for decode (one to eight tokens: each weight
+// block is read and widened once for all of them) and a register-blocked matrix-matrix kernel
+// for prefill and larger batches (nine tokens or more).
 //
 // Both compute every output with the same floating-point operations, in the same order, as
 // matmul_ref.cpp's definition, so an output does not depend on how many tokens share the call
@@ -10,14 +11,15 @@
 //   y   = d_x · (((a_0 + a_4) + (a_2 + a_6)) + ((a_1 + a_5) + (a_3 + a_7)))
 // Integer sums are exact, so how a kernel arranges them never shows in the result.
 //
-// Decode (T = 1): one row at a time; a block's 32 products come from two vpmaddwd into 8 int32
-// lanes, eight blocks' lanes are reduced together by vphaddd into one vector (lane j = block
-// b0 + j) and scaled by the row's eight fp16 scales with one FMA: the a_j are the lanes.
-// Software prefetch runs 8 rows ahead (the hardware prefetcher alone leaves the stream at half
-// the read bandwidth).
+// Streaming (T ≤ 8): one row at a time; a block's 32 products come from two vpmaddwd into 8
+// int32 lanes per token, eight blocks' lanes are reduced together by vphaddd into one vector
+// (lane j = block b0 + j) and scaled by the row's eight fp16 scales with one FMA: the a_j are
+// the lanes. Software prefetch runs 8 rows ahead (the hardware prefetcher alone leaves the
+// stream at half the read bandwidth). Up to 8 tokens this costs fewer instructions per weight
+// than unpacking a panel (batched decode: most experts see one to three tokens).
 //
-// T > 1: weights are unpacked once per 16-row panel to int16, interleaved so that one 32-byte
-// vector holds one pair of columns of 8 rows; each column pair of a token is broadcast as one
+// More tokens: weights are unpacked once per 16-row panel to int16, interleaved so that one
+// 32-byte vector holds one pair of columns of 8 rows; each column pair of a token is broadcast as one
 // int32 and vpmaddwd gives the pair's products for 8 rows at once. A 16-row × 4-token tile
 // keeps 8 int32 accumulators per block in registers (no horizontal sums at all); at the end of
 // a block they are scaled into a_j held in L1. vpmaddwd issues 2/cycle on Zen 3; this kernel
@@ -32,6 +34,7 @@ namespace {
 
 constexpr int kPanelRows = 16;  // two vectors of 8 rows
 constexpr int kTokenTile = 4;
+constexpr int64_t kMaxStreamTokens = 8;  // up to this many tokens: the streaming kernel
 
 // Per-thread scratch for one unpacked panel, grown on first use and reused (defined outside the
 // AVX2 region so no std:: template is instantiated with AVX2 code).
@@ -129,15 +132,19 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
-// ---- decode: one token ------------------------------------------------------------------------
+// ---- decode: one to eight tokens, weights streamed once ----------------------------------------
+// Each block is loaded and widened once and multiplied with every token's activations; per
+// token, eight blocks' lanes are reduced together (reduce8) and scaled with one FMA.
 constexpr int64_t kPrefetchRows = 8;
 
-template <class F>
-void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t r0, int64_t r1) {
+template <class F, int NT>
+void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t t0,
+            int64_t r0, int64_t r1) {
   const int64_t k = w.cols, nb = k / kQuantBlock;
   const int64_t stride = static_cast<int64_t>(w.stride());
   const int64_t ahead_step = (stride + nb - 1) / nb;  // bytes of a row per block, rounded up
-  const int16_t* xq = x.q16.q;
+  const int16_t* xq[NT];
+  for (int j = 0; j < NT; ++j) xq[j] = x.q16.q + (t0 + j) * k;
   // A range starts cold: request its first rows now, the loop keeps kPrefetchRows ahead.
   for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
   for (int64_t r = r0; r < r1; ++r) {
@@ -145,32 +152,39 @@ void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t r0, i
     const auto* d = reinterpret_cast<const uint16_t*>(row);
     const uint8_t* q = F::quants(row, nb);
     const uint8_t* ahead = row + kPrefetchRows * stride;  // past the matrix: prefetches never fault
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[NT];
+    for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
       const int64_t cnt = nb - b0 < 8 ? nb - b0 : 8;
-      __m256i s[8];
-      for (int64_t j = 0; j < 8; ++j) {
-        if (j >= cnt) {
-          s[j] = _mm256_setzero_si256();
+      __m256i s[NT][8];
+      for (int64_t i = 0; i < 8; ++i) {
+        if (i >= cnt) {
+          for (int j = 0; j < NT; ++j) s[j][i] = _mm256_setzero_si256();
           continue;
         }
-        const int64_t b = b0 + j;
+        const int64_t b = b0 + i;
         prefetch_span(ahead + b * ahead_step, ahead_step);
         __m256i w0, w1;
         F::block(q, b, w0, w1);
-        const auto* xp = reinterpret_cast<const __m256i*>(xq + b * kQuantBlock);
-        s[j] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
-                                _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+        for (int j = 0; j < NT; ++j) {
+          const auto* xp = reinterpret_cast<const __m256i*>(xq[j] + b * kQuantBlock);
+          s[j][i] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                                     _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+        }
       }
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), load_halfs(d + b0, cnt), acc);
-      if constexpr (F::kOffset)
-        acc = _mm256_fmadd_ps(load_halfs(d + nb + b0, cnt), load_ints_as_floats(x.q16.block_sum + b0, cnt), acc);
+      const __m256 dv = load_halfs(d + b0, cnt);
+      for (int j = 0; j < NT; ++j) {
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s[j])), dv, acc[j]);
+        if constexpr (F::kOffset)
+          acc[j] = _mm256_fmadd_ps(load_halfs(d + nb + b0, cnt),
+                                   load_ints_as_floats(x.q16.block_sum + (t0 + j) * nb + b0, cnt), acc[j]);
+      }
     }
-    y[r] = x.q16.d[0] * hsum(acc);
+    for (int j = 0; j < NT; ++j) y[(t0 + j) * ldy + r] = x.q16.d[t0 + j] * hsum(acc[j]);
   }
 }
 
-// ---- T > 1: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
+// ---- T > 8: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
 
 // Unpacks rows [r, r + n) (n ≤ 16; missing rows are zero) into the panel layout.
 template <class F>
@@ -229,8 +243,13 @@ template <class F, int NT>
 void panel_tile(const PanelScratch& p, const MatmulInput& x, int64_t t, float* y, int64_t ldy,
                 int64_t r, int64_t n) {
   const int64_t k = x.k, nb = k / kQuantBlock;
-  alignas(32) float a[NT][8][kPanelRows];  // a_j of every (token, row)
-  std::memset(a, 0, sizeof a);
+  // a_j of every (token, row). Blocks 0..7 start their lane from zero (no memset: at 2 KiB
+  // per tile it cost ~10% of this function); lanes no block reaches are zeroed here.
+  alignas(32) float a[NT][8][kPanelRows];
+  if (nb < 8)
+    for (int j = 0; j < NT; ++j)
+      for (int64_t l = nb; l < 8; ++l)
+        for (int i = 0; i < kPanelRows; ++i) a[j][l][i] = 0.0f;
   const int16_t* xt[NT];
   for (int j = 0; j < NT; ++j) xt[j] = x.q16.q + (t + j) * k;
   for (int64_t b = 0; b < nb; ++b) {
@@ -255,7 +274,7 @@ void panel_tile(const PanelScratch& p, const MatmulInput& x, int64_t t, float* y
       const __m256 d = _mm256_loadu_ps(p.d + b * kPanelRows + 8 * v);
       for (int j = 0; j < NT; ++j) {
         float* aj = &a[j][lane][8 * v];
-        __m256 s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[v][j]), d, _mm256_load_ps(aj));
+        __m256 s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[v][j]), d, b < 8 ? _mm256_setzero_ps() : _mm256_load_ps(aj));
         if constexpr (F::kOffset)
           s = _mm256_fmadd_ps(_mm256_loadu_ps(p.m + b * kPanelRows + 8 * v),
                               _mm256_set1_ps(static_cast<float>(x.q16.block_sum[(t + j) * nb + b])), s);
@@ -311,8 +330,18 @@ void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
 template <class F>
 void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r1 <= r0 || x.n <= 0) return;
-  if (x.n == 1) matvec<F>(w, x, y, r0, r1);
-  else matmat<F>(w, x, y, ldy, r0, r1);
+  static_assert(kMaxStreamTokens == 8, "the cases below");
+  switch (x.n) {
+    case 1: return matvec<F, 1>(w, x, y, ldy, 0, r0, r1);
+    case 2: return matvec<F, 2>(w, x, y, ldy, 0, r0, r1);
+    case 3: return matvec<F, 3>(w, x, y, ldy, 0, r0, r1);
+    case 4: return matvec<F, 4>(w, x, y, ldy, 0, r0, r1);
+    case 5: return matvec<F, 5>(w, x, y, ldy, 0, r0, r1);
+    case 6: return matvec<F, 6>(w, x, y, ldy, 0, r0, r1);
+    case 7: return matvec<F, 7>(w, x, y, ldy, 0, r0, r1);
+    case 8: return matvec<F, 8>(w, x, y, ldy, 0, r0, r1);
+    default: return matmat<F>(w, x, y, ldy, r0, r1);
+  }
 }
 
 }  // namespace
