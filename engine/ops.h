@@ -106,6 +106,32 @@ void gated_delta_rule_decode(ThreadPool* pool, const DeltaRuleArgs& a);
 void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a);
 constexpr int kDeltaRuleChunk = 64;
 
+// One Gated DeltaNet decode step (T = 1) of one sequence, everything between the in-projections
+// and out_proj in one parallel section split by key head (a decode token otherwise spends more
+// time in these small serial ops than the second thread can make up): for key head m, conv1d +
+// SiLU of its q, k and value-head channels (conv window updated), L2 norms (q scaled 1/√dk),
+// β = σ(b), g = −e^{A_log}·softplus(a + dt_bias), the recurrent delta rule
+// (gated_delta_rule_decode) and the gated RMSNorm of each value head's output. Each element is
+// computed as conv1d_silu, l2_norm, gated_delta_rule_decode and rms_norm_gated compute it, so
+// results equal the unfused sequence of those ops bit for bit, with or without a pool.
+struct GdnDecodeArgs {
+  int Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;  // K: conv kernel
+  const float* qkv = nullptr;   // [2·Hk·dk + Hv·dv] in_proj_qkv output (pre-conv)
+  const float* z = nullptr;     // [Hv·dv] in_proj_z output
+  const float* b = nullptr;     // [Hv] in_proj_b output
+  const float* a = nullptr;     // [Hv] in_proj_a output
+  const float* conv_w = nullptr;  // [C][K]
+  uint8_t* conv_state = nullptr;  // [K−1][C], f32 or bf16 (conv_bf16)
+  bool conv_bf16 = false;
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm_w = nullptr;   // [dv]
+  double eps = 1e-6;
+  float* state = nullptr;  // [Hv][dk][dv]
+  float* out = nullptr;    // [Hv·dv] gated-normed output (out_proj's input)
+};
+void gated_delta_net_decode(ThreadPool* pool, const GdnDecodeArgs& a);
+
 // MoE router per token: softmax over E logits (f32), top-k by probability, renormalised.
 // ids[T][k], weights[T][k].
 void moe_route(const float* logits, int64_t T, int E, int k, int32_t* ids, float* weights);

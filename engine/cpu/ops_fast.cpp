@@ -132,7 +132,16 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
       first_tile[size_t(i) + 1] = first_tile[size_t(i)];
       continue;
     }
-    inputs[size_t(i)] = cpu::prepare_input(kt, *kernel_format(j.w->dtype), j.x, j.T, j.w->cols, acts[size_t(i)]);
+    const cpu::WeightFormat f = *kernel_format(j.w->dtype);
+    // Jobs reading the same input (q/k/v, gate/up, a decode step's experts) share one
+    // quantization: it is a pure function of x, so the products are unchanged.
+    int same = -1;
+    for (int p = 0; p < i && same < 0; ++p)
+      if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].w->cols == j.w->cols && kernel_format(jobs[p].w->dtype) &&
+          cpu::is_block_format(*kernel_format(jobs[p].w->dtype)) == cpu::is_block_format(f))
+        same = p;
+    inputs[size_t(i)] = same >= 0 ? inputs[size_t(same)]
+                                  : cpu::prepare_input(kt, f, j.x, j.T, j.w->cols, acts[size_t(i)]);
     const int64_t tile_rows = kernel_tile_rows(j.T);
     first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.w->rows + tile_rows - 1) / tile_rows;
     macs += j.w->rows * j.w->cols * j.T;

@@ -177,40 +177,51 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
                                {&w.in_proj_b, a, R, b.data()},
                                {&w.in_proj_a, a, R, alpha.data()}};
   ops::matmul_group(pool_, in, 4);
-  for (size_t i = 0; i < rows.seqs.size(); ++i) {  // the conv window is per sequence
+  // Prompt chunks (T > 1): conv, norms and gates over their rows, then the chunked rule.
+  for (size_t i : rows.multi) {
     DeltaNetState& s = rows.seqs[i].state->gdn[size_t(linear)];
     const CacheDtype dtype = rows.seqs[i].state->dtype;
-    const int64_t r0 = rows.row0[i];
+    const int64_t r0 = rows.row0[i], T = rows.seqs[i].T;
     s.load_conv(dtype, conv_state.data());
-    ops::conv1d_silu(&c[size_t(r0 * C)], rows.seqs[i].T, C, K, w.conv1d.data(), conv_state.data(), &ch[size_t(r0 * C)]);
+    ops::conv1d_silu(&c[size_t(r0 * C)], T, C, K, w.conv1d.data(), conv_state.data(), &ch[size_t(r0 * C)]);
     s.store_conv(dtype, conv_state.data());
-  }
-  for (int64_t t = 0; t < R; ++t) {  // q and k heads, each L2-normalised; q also scaled by 1/√dk
-    ops::l2_norm(&ch[size_t(t * C)], Hk, dk, 1e-6, 1.0f / std::sqrt(float(dk)));
-    ops::l2_norm(&ch[size_t(t * C + key_dim)], Hk, dk, 1e-6, 1.0f);
-  }
-  for (int64_t t = 0; t < R; ++t)
-    for (int j = 0; j < Hv; ++j) {
-      const size_t i = size_t(t * Hv + j);
-      const float u = alpha[i] + w.dt_bias[size_t(j)];
-      const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
-      beta[i] = ops::sigmoid(b[i]);
-      g[i] = -std::exp(w.A_log[size_t(j)]) * softplus;  // ≤ 0: decay γ = e^g ≤ 1
+    for (int64_t t = r0; t < r0 + T; ++t) {  // q and k heads, each L2-normalised; q also scaled by 1/√dk
+      ops::l2_norm(&ch[size_t(t * C)], Hk, dk, 1e-6, 1.0f / std::sqrt(float(dk)));
+      ops::l2_norm(&ch[size_t(t * C + key_dim)], Hk, dk, 1e-6, 1.0f);
     }
-  const float* const ch_all = ch.data();
+    for (int64_t t = r0; t < r0 + T; ++t)
+      for (int j = 0; j < Hv; ++j) {
+        const size_t x = size_t(t * Hv + j);
+        const float u = alpha[x] + w.dt_bias[size_t(j)];
+        const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
+        beta[x] = ops::sigmoid(b[x]);
+        g[x] = -std::exp(w.A_log[size_t(j)]) * softplus;  // ≤ 0: decay γ = e^g ≤ 1
+      }
+  }
+  // The lambda may run on pool workers: it names this thread's buffers only through these.
+  const float *const c_all = c.data(), *const ch_all = ch.data(), *const z_all = z.data();
+  const float *const b_all = b.data(), *const alpha_all = alpha.data();
   const float *const beta_all = beta.data(), *const g_all = g.data();
   float* const o_all = o.data();
   for_each_sequence(pool_, rows.decode, rows.multi, [&](size_t i, ThreadPool* pool) {
     const SeqStep& s = rows.seqs[i];
     const int64_t r0 = rows.row0[i];
+    DeltaNetState& st = s.state->gdn[size_t(linear)];
+    if (s.T == 1) {  // decode: conv … gated norm fused, one parallel section (ops.h)
+      const ops::GdnDecodeArgs args{Hk, Hv, dk, dv, K, c_all + r0 * C, z_all + r0 * value_dim,
+                                    b_all + r0 * Hv, alpha_all + r0 * Hv, w.conv1d.data(), st.conv.data(),
+                                    s.state->dtype == CacheDtype::bf16, w.A_log.data(), w.dt_bias.data(),
+                                    w.norm.data(), c_.rms_norm_eps, st.recurrent.data(), o_all + r0 * value_dim};
+      ops::gated_delta_net_decode(pool, args);
+      return;
+    }
     const float* chs = ch_all + r0 * C;
-    ops::DeltaRuleArgs args{s.T, Hk, Hv, dk, dv, chs, chs + key_dim, chs + 2 * key_dim, C, C, C,
-                            beta_all + r0 * Hv, g_all + r0 * Hv, s.state->gdn[size_t(linear)].recurrent.data(),
-                            o_all + r0 * value_dim};
-    if (s.T == 1) ops::gated_delta_rule_decode(pool, args);
-    else ops::gated_delta_rule_chunked(pool, args);
+    const ops::DeltaRuleArgs args{s.T, Hk, Hv, dk, dv, chs, chs + key_dim, chs + 2 * key_dim, C, C, C,
+                                  beta_all + r0 * Hv, g_all + r0 * Hv, st.recurrent.data(), o_all + r0 * value_dim};
+    ops::gated_delta_rule_chunked(pool, args);
+    ops::rms_norm_gated(o_all + r0 * value_dim, z_all + r0 * value_dim, s.T * Hv, dv, w.norm.data(),
+                        c_.rms_norm_eps, o_all + r0 * value_dim);
   });
-  ops::rms_norm_gated(o.data(), z.data(), R * Hv, dv, w.norm.data(), c_.rms_norm_eps, o.data());
   ops::matmul(pool_, o.data(), R, w.out_proj, out);
 }
 
@@ -259,7 +270,12 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
   xa.resize(size_t(R * H));
   gu.resize(size_t(R * 2 * I));
   ya.resize(size_t(R * H));
-  for (int64_t r = 0; r < R; ++r) std::copy_n(a + (slot_of_row[size_t(r)] / k) * H, H, &xa[size_t(r * H)]);
+  // An expert with one row reads it in place (in decode, every expert): matmul_group then sees
+  // one input for all of them and quantizes it once. Others get their rows gathered.
+  auto row_of = [&](int64_t r) { return a + (slot_of_row[size_t(r)] / k) * H; };
+  for (int e = 0; e < E; ++e)
+    if (start[size_t(e) + 1] - start[size_t(e)] > 1)
+      for (int64_t r = start[size_t(e)]; r < start[size_t(e) + 1]; ++r) std::copy_n(row_of(r), H, &xa[size_t(r * H)]);
   const bool shared = w.has_shared_expert;
   const int64_t SI = shared ? w.shared_expert.gate_proj.rows : 0;
   if (shared) {
@@ -272,7 +288,7 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
   for (int e = 0; e < E; ++e) {
     const int64_t n = start[size_t(e) + 1] - start[size_t(e)];
     if (n == 0) continue;
-    const float* x = &xa[size_t(start[size_t(e)] * H)];
+    const float* x = n == 1 ? row_of(start[size_t(e)]) : &xa[size_t(start[size_t(e)] * H)];
     float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
     jobs.push_back({&w.experts[size_t(e)].gate_proj, x, n, g});
     jobs.push_back({&w.experts[size_t(e)].up_proj, x, n, g + n * I});
