@@ -137,6 +137,40 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes) {
 // token, eight blocks' lanes are reduced together (reduce8) and scaled with one FMA.
 constexpr int64_t kPrefetchRows = 8;
 
+// One group of eight blocks (kFull) or the row's last `cnt` blocks, folded into acc[NT].
+// kFull lets the compiler unroll the group completely with no per-block branch.
+template <class F, int NT, bool kFull>
+inline void stream_group(const uint16_t* d, const uint8_t* q, int64_t nb, int64_t b0, int64_t cnt,
+                         const int16_t* const* xq, const int32_t* const* xsum,
+                         const uint8_t* ahead, int64_t ahead_step, __m256* acc) {
+  __m256i s[NT][8];
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < 8; ++i) {
+    if (!kFull && i >= cnt) {
+      for (int j = 0; j < NT; ++j) s[j][i] = _mm256_setzero_si256();
+      continue;
+    }
+    const int64_t b = b0 + i;
+    // One line request per block: a row's bytes per block (34 q8, 20 q4) are under a line,
+    // so consecutive blocks touch every line of the row kPrefetchRows ahead.
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + b * ahead_step), _MM_HINT_T0);
+    __m256i w0, w1;
+    F::block(q, b, w0, w1);
+    for (int j = 0; j < NT; ++j) {
+      const auto* xp = reinterpret_cast<const __m256i*>(xq[j] + b * kQuantBlock);
+      s[j][i] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                                 _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+    }
+  }
+  const int64_t n = kFull ? 8 : cnt;
+  const __m256 dv = load_halfs(d + b0, n);
+  for (int j = 0; j < NT; ++j) {
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s[j])), dv, acc[j]);
+    if constexpr (F::kOffset)
+      acc[j] = _mm256_fmadd_ps(load_halfs(d + nb + b0, n), load_ints_as_floats(xsum[j] + b0, n), acc[j]);
+  }
+}
+
 template <class F, int NT>
 void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t t0,
             int64_t r0, int64_t r1) {
@@ -144,7 +178,11 @@ void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
   const int64_t stride = static_cast<int64_t>(w.stride());
   const int64_t ahead_step = (stride + nb - 1) / nb;  // bytes of a row per block, rounded up
   const int16_t* xq[NT];
-  for (int j = 0; j < NT; ++j) xq[j] = x.q16.q + (t0 + j) * k;
+  const int32_t* xsum[NT];
+  for (int j = 0; j < NT; ++j) {
+    xq[j] = x.q16.q + (t0 + j) * k;
+    xsum[j] = x.q16.block_sum + (t0 + j) * nb;
+  }
   // A range starts cold: request its first rows now, the loop keeps kPrefetchRows ahead.
   for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
   for (int64_t r = r0; r < r1; ++r) {
@@ -154,32 +192,9 @@ void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
     const uint8_t* ahead = row + kPrefetchRows * stride;  // past the matrix: prefetches never fault
     __m256 acc[NT];
     for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-      const int64_t cnt = nb - b0 < 8 ? nb - b0 : 8;
-      __m256i s[NT][8];
-      for (int64_t i = 0; i < 8; ++i) {
-        if (i >= cnt) {
-          for (int j = 0; j < NT; ++j) s[j][i] = _mm256_setzero_si256();
-          continue;
-        }
-        const int64_t b = b0 + i;
-        prefetch_span(ahead + b * ahead_step, ahead_step);
-        __m256i w0, w1;
-        F::block(q, b, w0, w1);
-        for (int j = 0; j < NT; ++j) {
-          const auto* xp = reinterpret_cast<const __m256i*>(xq[j] + b * kQuantBlock);
-          s[j][i] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
-                                     _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
-        }
-      }
-      const __m256 dv = load_halfs(d + b0, cnt);
-      for (int j = 0; j < NT; ++j) {
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s[j])), dv, acc[j]);
-        if constexpr (F::kOffset)
-          acc[j] = _mm256_fmadd_ps(load_halfs(d + nb + b0, cnt),
-                                   load_ints_as_floats(x.q16.block_sum + (t0 + j) * nb + b0, cnt), acc[j]);
-      }
-    }
+    int64_t b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) stream_group<F, NT, true>(d, q, nb, b0, 8, xq, xsum, ahead, ahead_step, acc);
+    if (b0 < nb) stream_group<F, NT, false>(d, q, nb, b0, nb - b0, xq, xsum, ahead, ahead_step, acc);
     for (int j = 0; j < NT; ++j) y[(t0 + j) * ldy + r] = x.q16.d[t0 + j] * hsum(acc[j]);
   }
 }
