@@ -1,10 +1,11 @@
-// Row/token tiling shared by the SIMD matmul files (included only by matmul_avx2.cpp and
-// matmul_avx512.cpp, inside their target-specific regions).
+// Row/token tiling of the f32/bf16 SIMD tiles (included only by matmul_avx2.cpp and
+// matmul_avx512.cpp, inside their target-specific regions; q8/q4 have their own kernels in
+// matmul_quant_avx2.cpp).
 //
 // A Tile type provides `template <int R, int T> static void run(w, r, x, t, y, ldy)`, computing
 // the R×T outputs y[(t+j)*ldy + r+i]. drive() covers [r0, r1) × [0, n):
-//   - decode (n == 1): 4 rows at a time; each weight row is streamed once (the q8/q4 tiles
-//     prefetch two tiles ahead themselves).
+//   - decode (n == 1): 4 rows at a time; each weight row is streamed once (the tiles prefetch
+//     two tiles ahead themselves).
 //   - prefill: tokens in chunks of kTokenChunk (their activations stay in L2), and inside a
 //     chunk 2-row × 4-token tiles, so a weight block is loaded once per 4 tokens from L1 and once
 //     per chunk from memory; the next row pair is prefetched into L2 meanwhile.
