@@ -124,8 +124,12 @@ namespace {
 
 __attribute__((target("avx2,fma"))) void decode_head_avx2(const float* q, const float* k, const float* v,
                                                            double beta, double gamma, float* S, int dk, int dv,
-                                                           float* out, double* e, double* o) {
+                                                           float* out, double* e, double* o, const float* next) {
   const int dv4 = dv & ~3;
+  // next: the state the caller reads after this one (or nullptr). The second pass below works on
+  // S from cache and leaves the memory bus idle; fetching next's rows meanwhile lets the next
+  // head's first pass read from L2 instead of waiting on memory (~30% of a decode head).
+  const size_t row_bytes = size_t(dv) * sizeof(float);
   for (int b = 0; b < dv; ++b) e[b] = v[b], o[b] = 0.0;
   for (int i = 0; i < dk; ++i) {  // e = v − γ Sᵀk
     const float* Si = S + size_t(i) * dv;
@@ -141,6 +145,10 @@ __attribute__((target("avx2,fma"))) void decode_head_avx2(const float* q, const 
     float* Si = S + size_t(i) * dv;
     const double kb = double(k[i]) * beta, qi = q[i];
     const __m256d kb4 = _mm256_set1_pd(kb), q4 = _mm256_set1_pd(qi);
+    if (next) {
+      const char* nr = reinterpret_cast<const char*>(next + size_t(i) * dv);
+      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(nr + off, _MM_HINT_T1);
+    }
     int b = 0;
     for (; b < dv4; b += 4) {
       const __m256d s =
@@ -168,10 +176,12 @@ void gated_delta_rule_decode(ThreadPool* pool, const DeltaRuleArgs& a) {
     for (int64_t j = j0; j < j1; ++j) {
       float* S = a.state + j * a.dk * a.dv;
       const int64_t m = j / r;
-      for (int64_t t = 0; t < a.T; ++t)
+      for (int64_t t = 0; t < a.T; ++t) {
+        const float* next = t + 1 < a.T ? nullptr : j + 1 < j1 ? S + a.dk * a.dv : nullptr;
         decode_head_avx2(a.q + t * a.q_stride + m * a.dk, a.k + t * a.k_stride + m * a.dk,
                          a.v + t * a.v_stride + j * a.dv, a.beta[t * a.Hv + j], std::exp(double(a.g[t * a.Hv + j])),
-                         S, a.dk, a.dv, a.out + (t * a.Hv + j) * a.dv, e.data(), o.data());
+                         S, a.dk, a.dv, a.out + (t * a.Hv + j) * a.dv, e.data(), o.data(), next);
+      }
     }
   };
   if (pool) pool->parallel_for(a.Hv, 1, head);

@@ -7,15 +7,25 @@
 #include <cmath>
 #include <vector>
 
+#include <xmmintrin.h>
+
 #include "engine/ops.h"
 
 namespace kiln::engine::ops {
 namespace {
 
 // conv1d_silu for one token over channels [c0, c0 + n): window = stored K−1 inputs then x.
-void conv_channels(const GdnDecodeArgs& a, int64_t C, int64_t c0, int64_t n, float* window, float* out) {
+// Also fetches `pf` (advanced by two cache lines per channel, up to pf_end) towards L2: the
+// item's first recurrent state, which the delta rule would otherwise wait on memory for.
+void conv_channels(const GdnDecodeArgs& a, int64_t C, int64_t c0, int64_t n, float* window, float* out,
+                   const char*& pf, const char* pf_end) {
   const int K = a.K;
   for (int64_t ch = c0; ch < c0 + n; ++ch) {
+    if (pf < pf_end) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      _mm_prefetch(pf + 64, _MM_HINT_T1);
+      pf += 128;
+    }
     for (int s = 0; s < K - 1; ++s) {
       const size_t i = size_t(s * C + ch);
       window[s] = a.conv_bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(a.conv_state)[i])
@@ -44,9 +54,12 @@ void gated_delta_net_decode(ThreadPool* pool, const GdnDecodeArgs& a) {
     buf.resize(size_t(2 * dk + r * dv + 2 * r + a.K));
     float *q = buf.data(), *k = q + dk, *v = k + dk, *beta = v + r * dv, *g = beta + r, *window = g + r;
     for (int64_t m = m0; m < m1; ++m) {
-      conv_channels(a, C, m * dk, dk, window, q);
-      conv_channels(a, C, key_dim + m * dk, dk, window, k);
-      conv_channels(a, C, 2 * key_dim + m * r * dv, int64_t(r) * dv, window, v);
+      float* const S = a.state + m * r * int64_t(dk) * dv;
+      const char* pf = reinterpret_cast<const char*>(S);
+      const char* const pf_end = pf + size_t(dk) * dv * sizeof(float);
+      conv_channels(a, C, m * dk, dk, window, q, pf, pf_end);
+      conv_channels(a, C, key_dim + m * dk, dk, window, k, pf, pf_end);
+      conv_channels(a, C, 2 * key_dim + m * r * dv, int64_t(r) * dv, window, v, pf, pf_end);
       l2_norm(q, 1, dk, 1e-6, 1.0f / std::sqrt(float(dk)));
       l2_norm(k, 1, dk, 1e-6, 1.0f);
       for (int i = 0; i < r; ++i) {
@@ -58,7 +71,7 @@ void gated_delta_net_decode(ThreadPool* pool, const GdnDecodeArgs& a) {
       }
       float* out = a.out + m * r * dv;
       const DeltaRuleArgs d{1,    1,    r,    dk,   dv,   q,   k, v, dk, dk, int64_t(r) * dv, beta, g,
-                            a.state + m * r * int64_t(dk) * dv, out};
+                            S, out};
       gated_delta_rule_decode(nullptr, d);
       rms_norm_gated(out, a.z + m * r * dv, r, dv, a.norm_w, a.eps, out);
     }

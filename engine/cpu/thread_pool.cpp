@@ -36,9 +36,8 @@ int64_t ThreadPool::run_chunks() {
     if (next >= count) return ran;
     if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     // Claimed chunk `next` of the job published in s: that job is still running (this chunk is
-    // not done), so job_, n_ and chunk_ are its own.
-    const int64_t b = int64_t(next) * chunk_;
-    job_(b, std::min(n_, b + chunk_));
+    // not done), so job_ and bounds_ are its own.
+    job_(bounds_[next], bounds_[next + 1]);
     done_.fetch_add(1, std::memory_order_acq_rel);
     ++ran;
     s = state_.load(std::memory_order_acquire);
@@ -71,15 +70,24 @@ void ThreadPool::run(int64_t n, int64_t grain, RangeFn fn) {
     return;
   }
   std::lock_guard<std::mutex> submit(submit_mu_);
-  // Chunks: a few per thread for balance, never below the grain (nor more than the state word
-  // can count).
-  int64_t chunk = std::max(grain, (n + int64_t(size()) * 4 - 1) / (int64_t(size()) * 4));
-  chunk = std::max<int64_t>(chunk, (n + int64_t(kChunkMask) - 1) / int64_t(kChunkMask));
-  const int64_t count = (n + chunk - 1) / chunk;
+  // Chunks shrink towards the end (guided scheduling): at most n / (4·threads) each, then half
+  // of an even share of what is left, never below the grain (nor more than the state word can
+  // count). Equal chunks of n / (4·threads) left the threads of a decode section finishing up to
+  // a whole chunk apart (~1/8 of the section at 2 threads); shrinking ones end within about a
+  // grain of each other, and a descheduled worker still holds at most n / (4·threads).
   // The previous job is complete (its submitter saw every chunk done), so no worker reads these.
+  const int64_t P = size();
+  const int64_t first = std::max(grain, (n + 4 * P - 1) / (4 * P));
+  const int64_t floor = std::max<int64_t>(grain, (n + int64_t(kChunkMask) - 1) / int64_t(kChunkMask));
+  bounds_.clear();
+  bounds_.push_back(0);
+  for (int64_t b = 0; b < n;) {
+    const int64_t c = std::clamp((n - b + 2 * P - 1) / (2 * P), floor, std::max(first, floor));
+    b = std::min(n, b + c);
+    bounds_.push_back(b);
+  }
+  const int64_t count = int64_t(bounds_.size()) - 1;
   job_ = fn;
-  n_ = n;
-  chunk_ = chunk;
   done_.store(0, std::memory_order_relaxed);
   const uint64_t gen = ((state_.load(std::memory_order_relaxed) >> (2 * kChunkBits)) + 1) & 0xffffff;
   state_.store((gen << (2 * kChunkBits)) | (uint64_t(count) << kChunkBits));  // seq_cst: publishes the job

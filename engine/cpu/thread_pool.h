@@ -8,8 +8,9 @@
 // while (kSpinIterations pauses, ~0.1-0.5 ms) before they block.
 //
 // Chunks are claimed with one compare-and-swap on a state word (job generation | chunk count |
-// next chunk), and the caller waits only for chunks that were claimed, never for a worker to
-// check in: on a machine busy with other processes (builds run compilers next to the engine) a
+// next chunk); they shrink towards the end of a job (guided scheduling) so the threads finish
+// within about a grain of each other. The caller waits only for chunks that were claimed, never
+// for a worker to check in: on a machine busy with other processes (builds run compilers next to the engine) a
 // descheduled worker no longer stalls every section for a scheduler time slice — the caller
 // simply runs the chunks itself. A worker reads the job after its claim succeeds; the job cannot
 // finish (and be replaced) before its claimed chunk is done, so what it reads is that job's.
@@ -67,7 +68,7 @@ class ThreadPool {
   // The current job: written by the submitting thread before it publishes state_, read by a
   // worker only after it claimed a chunk of that job.
   RangeFn job_;
-  int64_t n_ = 0, chunk_ = 1;
+  std::vector<int64_t> bounds_;  // chunk c is [bounds_[c], bounds_[c+1]); grows once
 
   std::mutex submit_mu_;  // serialises whole jobs
   std::mutex mu_;         // sleeping workers and stop_
