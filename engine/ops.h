@@ -44,6 +44,22 @@ struct MatmulJob {
 };
 void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs);
 
+// SwiGLU products h = silu(x·Gᵀ) ⊙ (x·Uᵀ) for several (gate, up) pairs in one parallel section:
+// each work item computes the same rows of a pair's gate and up products and applies silu_mul to
+// them, so no serial pass over the intermediate activations follows the section (a decode
+// step's routed and shared experts). G and U are [I][K]; g, u, h are [T][I] (h may alias g).
+// Same results as matmul_group of the gate and up products followed by silu_mul.
+struct SwigluJob {
+  const Matrix* gate = nullptr;
+  const Matrix* up = nullptr;
+  const float* x = nullptr;
+  int64_t T = 0;
+  float* g = nullptr;
+  float* u = nullptr;
+  float* h = nullptr;
+};
+void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs);
+
 // RMSNorm over rows of n: y = x / sqrt(mean(x²)+eps) · (1+w) if zero_centred, else · w.
 // y may alias x.
 void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, bool zero_centred, double eps, float* y);

@@ -169,6 +169,82 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
   else work(0, tiles);
 }
 
+void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
+  auto unfused = [&] {  // f32/f16 weights (test checkpoints): the plain sequence
+    for (int i = 0; i < n_jobs; ++i) {
+      const SwigluJob& j = jobs[i];
+      const MatmulJob gu[] = {{j.gate, j.x, j.T, j.g}, {j.up, j.x, j.T, j.u}};
+      matmul_group(pool, gu, 2);
+      const int64_t I = j.gate->rows;
+      silu_mul(j.g, I, j.u, I, j.T, I, j.h);
+    }
+  };
+  for (int i = 0; i < n_jobs; ++i)
+    if (!kernel_format(jobs[i].gate->dtype) || !kernel_format(jobs[i].up->dtype)) return unfused();
+  const cpu::KernelTable& kt = cpu::kernels_best();
+  // Per calling thread, reused (workers name them through these references, never directly).
+  struct Prepared {
+    const float* x;
+    int64_t T, K;
+    bool block;  // q8/q4 read int16 activations, bf16 the f32 rows themselves
+    cpu::MatmulInput in;
+  };
+  thread_local std::vector<cpu::ActQ16Buffer> acts_tls;
+  thread_local std::vector<Prepared> prepared_tls;
+  thread_local std::vector<cpu::MatmulInput> gate_in_tls, up_in_tls;
+  thread_local std::vector<int64_t> first_tile_tls;
+  std::vector<cpu::ActQ16Buffer>& acts = acts_tls;
+  std::vector<Prepared>& prepared = prepared_tls;
+  std::vector<cpu::MatmulInput>&gate_in = gate_in_tls, &up_in = up_in_tls;
+  std::vector<int64_t>& first_tile = first_tile_tls;
+  if (acts.size() < size_t(2 * n_jobs)) acts.resize(size_t(2 * n_jobs));
+  prepared.clear();
+  gate_in.assign(size_t(n_jobs), {}), up_in.assign(size_t(n_jobs), {});
+  first_tile.assign(size_t(n_jobs) + 1, 0);
+  // One quantization per distinct input (a decode step's experts all read the same token).
+  auto input_for = [&](const float* x, int64_t T, int64_t K, cpu::WeightFormat f) {
+    const bool block = cpu::is_block_format(f);
+    for (const Prepared& p : prepared)
+      if (p.x == x && p.T == T && p.K == K && p.block == block) return p.in;
+    const cpu::MatmulInput in = cpu::prepare_input(kt, f, x, T, K, acts[prepared.size()]);
+    prepared.push_back({x, T, K, block, in});
+    return in;
+  };
+  int64_t macs = 0;
+  for (int i = 0; i < n_jobs; ++i) {
+    const SwigluJob& j = jobs[i];
+    gate_in[size_t(i)] = input_for(j.x, j.T, j.gate->cols, *kernel_format(j.gate->dtype));
+    up_in[size_t(i)] = input_for(j.x, j.T, j.up->cols, *kernel_format(j.up->dtype));
+    const int64_t tile_rows = kernel_tile_rows(j.T);
+    first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.gate->rows + tile_rows - 1) / tile_rows;
+    macs += 2 * j.gate->rows * j.gate->cols * j.T;
+  }
+  const int64_t tiles = first_tile[size_t(n_jobs)];
+  if (tiles == 0) return;
+  auto work = [&](int64_t b, int64_t e) {
+    int i = int(std::upper_bound(first_tile.begin(), first_tile.end(), b) - first_tile.begin()) - 1;
+    for (int64_t t = b; t < e; ++i) {
+      const int64_t job_end = std::min(e, first_tile[size_t(i) + 1]);
+      if (job_end <= t) continue;
+      const SwigluJob& j = jobs[i];
+      const int64_t I = j.gate->rows, tile_rows = kernel_tile_rows(j.T);
+      const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
+      const int64_t r1 = std::min(I, (job_end - first_tile[size_t(i)]) * tile_rows);
+      const cpu::WeightFormat fg = *kernel_format(j.gate->dtype), fu = *kernel_format(j.up->dtype);
+      const cpu::WeightMatrix wg{fg, I, j.gate->cols, static_cast<const uint8_t*>(j.gate->data)};
+      const cpu::WeightMatrix wu{fu, j.up->rows, j.up->cols, static_cast<const uint8_t*>(j.up->data)};
+      kt.matmul[int(fg)](wg, gate_in[size_t(i)], j.g, I, r0, r1);
+      kt.matmul[int(fu)](wu, up_in[size_t(i)], j.u, I, r0, r1);
+      for (int64_t tok = 0; tok < j.T; ++tok)
+        silu_mul(j.g + tok * I + r0, I, j.u + tok * I + r0, I, 1, r1 - r0, j.h + tok * I + r0);
+      t = job_end;
+    }
+  };
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, macs / tiles));
+  if (pool) pool->parallel_for(tiles, grain, work);
+  else work(0, tiles);
+}
+
 namespace {
 
 struct AttentionArgs {

@@ -230,23 +230,23 @@ void Qwen35Model::mlp_block(const MlpWeights& w, const float* a, int64_t T, floa
   const int64_t I = w.gate_proj.rows;
   thread_local Buf g, u;
   g.resize(size_t(T * I)), u.resize(size_t(T * I));
-  const ops::MatmulJob gate_up[] = {{&w.gate_proj, a, T, g.data()}, {&w.up_proj, a, T, u.data()}};
-  ops::matmul_group(pool_, gate_up, 2);
-  ops::silu_mul(g.data(), I, u.data(), I, T, I, g.data());
+  const ops::SwigluJob gate_up{&w.gate_proj, &w.up_proj, a, T, g.data(), u.data(), g.data()};
+  ops::matmul_swiglu_group(pool_, &gate_up, 1);
   ops::matmul(pool_, g.data(), T, w.down_proj, out);
 }
 
 // MoE (§3.8): softmax router, top-k renormalised, SwiGLU experts run on the tokens routed to
 // them (gathered, so each expert is one matrix product; unselected experts are never read), plus
-// the σ-gated shared expert. All gate/up products (routed, shared, shared gate) form one parallel
-// section and all down products a second: a decode step's experts are too small for a fork/join
-// each. Scratch is per thread and only grows, so decode allocates nothing here.
+// the σ-gated shared expert. All gate/up products with their SwiGLU (routed and shared) form one
+// parallel section and all down products a second: a decode step's experts are too small for a
+// fork/join each. Scratch is per thread and only grows, so decode allocates nothing here.
 void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, float* out, StepStats* stats) const {
   const int64_t H = c_.hidden_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
   thread_local Buf router, weights, xa, gu, ya, s, sgu, sg;
   thread_local std::vector<int32_t> ids, count, start, fill;
   thread_local std::vector<ops::MatmulJob> jobs;
+  thread_local std::vector<ops::SwigluJob> swiglu;
   router.resize(size_t(T * E));
   weights.resize(size_t(T * k));
   ids.resize(size_t(T * k));
@@ -283,34 +283,30 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
     s.resize(size_t(T * H));
     sg.resize(size_t(T));
   }
-  // Gate and up: outputs side by side per expert, [n_e][I] gate then [n_e][I] up.
-  jobs.clear();
+  // Gate and up with SwiGLU applied in the same section: outputs side by side per expert, [n_e][I]
+  // gate (then h, in place) and [n_e][I] up.
+  swiglu.clear();
   for (int e = 0; e < E; ++e) {
     const int64_t n = start[size_t(e) + 1] - start[size_t(e)];
     if (n == 0) continue;
     const float* x = n == 1 ? row_of(start[size_t(e)]) : &xa[size_t(start[size_t(e)] * H)];
     float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
-    jobs.push_back({&w.experts[size_t(e)].gate_proj, x, n, g});
-    jobs.push_back({&w.experts[size_t(e)].up_proj, x, n, g + n * I});
+    swiglu.push_back({&w.experts[size_t(e)].gate_proj, &w.experts[size_t(e)].up_proj, x, n, g, g + n * I, g});
   }
   if (shared) {
-    jobs.push_back({&w.shared_expert.gate_proj, a, T, sgu.data()});
-    jobs.push_back({&w.shared_expert.up_proj, a, T, sgu.data() + T * SI});
-    jobs.push_back({&w.shared_expert_gate, a, T, sg.data()});
+    swiglu.push_back({&w.shared_expert.gate_proj, &w.shared_expert.up_proj, a, T, sgu.data(), sgu.data() + T * SI,
+                      sgu.data()});
+    ops::matmul(pool_, a, T, w.shared_expert_gate, sg.data());  // one row
   }
-  ops::matmul_group(pool_, jobs.data(), int(jobs.size()));
+  ops::matmul_swiglu_group(pool_, swiglu.data(), int(swiglu.size()));
   jobs.clear();
   for (int e = 0; e < E; ++e) {
     const int64_t n = start[size_t(e) + 1] - start[size_t(e)];
     if (n == 0) continue;
-    float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
-    ops::silu_mul(g, I, g + n * I, I, n, I, g);
-    jobs.push_back({&w.experts[size_t(e)].down_proj, g, n, &ya[size_t(start[size_t(e)] * H)]});
+    jobs.push_back({&w.experts[size_t(e)].down_proj, &gu[size_t(start[size_t(e)] * 2 * I)], n,
+                    &ya[size_t(start[size_t(e)] * H)]});
   }
-  if (shared) {
-    ops::silu_mul(sgu.data(), SI, sgu.data() + T * SI, SI, T, SI, sgu.data());
-    jobs.push_back({&w.shared_expert.down_proj, sgu.data(), T, s.data()});
-  }
+  if (shared) jobs.push_back({&w.shared_expert.down_proj, sgu.data(), T, s.data()});
   ops::matmul_group(pool_, jobs.data(), int(jobs.size()));
   // Combine in (token, slot) order so the sum's rounding does not depend on the routing layout.
   std::fill(out, out + T * H, 0.0f);
