@@ -356,6 +356,98 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
 // short enough that an 8k context gives both threads many items per KV head.
 constexpr int64_t kKeysPerSplit = 512;
 
+namespace {
+
+// One work item of attention_paged (a query token, KV head and key split): inlined into a
+// baseline and an AVX2+FMA copy, like attention_block above — decode attention over a few
+// hundred keys costs as much as a layer's projections when its dot products run 4 wide.
+struct PagedArgs {
+  const float* q;
+  const PagedKv* kv;
+  int64_t T, n_kv;
+  int Hq, Hkv, D;
+  float scale;
+  int group;
+  int64_t P, pages_per_split, splits, part;
+  float* partial;
+};
+
+struct PagedScratch {
+  std::vector<float> kbuf, vbuf, s;
+};
+
+__attribute__((always_inline)) inline void paged_item(const PagedArgs& a, int64_t it, PagedScratch& w) {
+  const PagedKv& kv = *a.kv;
+  const int group = a.group, D = a.D, Hq = a.Hq, Hkv = a.Hkv;
+  const int64_t P = a.P, splits = a.splits, pages_per_split = a.pages_per_split, part = a.part, T = a.T,
+                n_kv = a.n_kv;
+  const float scale = a.scale;
+  const float* const q = a.q;
+  float* const partial = a.partial;
+  std::vector<float>&kbuf = w.kbuf, &vbuf = w.vbuf, &s = w.s;
+  const size_t elt = kv.bf16 ? 2 : 4;
+  const int64_t sp = it % splits, t = it / splits / Hkv;
+  const int kh = int(it / splits % Hkv);
+  const int64_t n = n_kv - T + t + 1;  // keys 0..n-1
+  const int64_t k_begin = sp * pages_per_split * P, k_end = std::min(n, (sp + 1) * pages_per_split * P);
+  float* res = partial + it * part;
+  for (int g = 0; g < group; ++g) {
+    float* acc = res + g * (D + 2);
+    std::fill(acc, acc + D, 0.0f);
+    acc[D] = -INFINITY, acc[D + 1] = 0.0f;  // m, l
+  }
+  const float* qg = q + (t * Hq + int64_t(kh) * group) * D;
+  for (int64_t p0 = k_begin; p0 < k_end; p0 += P) {
+    const int64_t cnt = std::min(P, k_end - p0);
+    const uint8_t* kp = kv.k_pages[p0 / P];
+    const uint8_t* vp = kv.v_pages[p0 / P];
+    auto row = [&](const uint8_t* page, int64_t j, float* buf) -> const float* {
+      const uint8_t* src = page + size_t(j * kv.row + int64_t(kh) * D) * elt;
+      if (!kv.bf16) return reinterpret_cast<const float*>(src);
+      to_f32(Dtype::bf16, src, buf, D);
+      return buf;
+    };
+    for (int64_t j = 0; j < cnt; ++j) {
+      const float* kj = row(kp, j, kbuf.data());
+      for (int g = 0; g < group; ++g) s[size_t(g * P + j)] = dot(qg + g * D, kj, D) * scale;
+    }
+    for (int g = 0; g < group; ++g) {
+      float* acc = res + g * (D + 2);
+      float* sg = &s[size_t(g * P)];
+      float bm = -INFINITY;
+      for (int64_t j = 0; j < cnt; ++j) bm = std::max(bm, sg[j]);
+      if (bm > acc[D]) {
+        const float c = std::exp(acc[D] - bm);  // 0 on the first block
+        acc[D + 1] *= c;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) acc[d] *= c;
+        acc[D] = bm;
+      }
+      for (int64_t j = 0; j < cnt; ++j) acc[D + 1] += (sg[j] = std::exp(sg[j] - acc[D]));
+    }
+    for (int64_t j = 0; j < cnt; ++j) {
+      const float* vj = row(vp, j, vbuf.data());
+      for (int g = 0; g < group; ++g) {
+        const float pj = s[size_t(g * P + j)];
+        float* acc = res + g * (D + 2);
+#pragma omp simd
+        for (int d = 0; d < D; ++d) acc[d] += pj * vj[d];
+      }
+    }
+  }
+}
+
+void paged_items_base(const PagedArgs& a, int64_t b, int64_t e, PagedScratch& w) {
+  w.kbuf.resize(size_t(a.D)), w.vbuf.resize(size_t(a.D)), w.s.resize(size_t(a.group * a.P));
+  for (int64_t i = b; i < e; ++i) paged_item(a, i, w);
+}
+__attribute__((target("avx2,fma"))) void paged_items_avx2(const PagedArgs& a, int64_t b, int64_t e, PagedScratch& w) {
+  w.kbuf.resize(size_t(a.D)), w.vbuf.resize(size_t(a.D)), w.s.resize(size_t(a.group * a.P));
+  for (int64_t i = b; i < e; ++i) paged_item(a, i, w);
+}
+
+}  // namespace
+
 // Per query row and head: keys in blocks of one page; the running max m, sum l and output acc
 // are rescaled once per block when the block raises the max (flash-decoding's online softmax).
 void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
@@ -377,61 +469,11 @@ void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_
   thread_local std::vector<float> partial_buf;  // the calling thread's; grows once
   partial_buf.resize(size_t(T * Hkv * splits * part));
   float* const partial = partial_buf.data();  // by pointer: workers would see their own thread_local
+  const PagedArgs args{q, &kv, T, n_kv, Hq, Hkv, D, scale, group, P, pages_per_split, splits, part, partial};
+  static const auto items_fn = cpu::cpu_features().has_avx2_set() ? paged_items_avx2 : paged_items_base;
   auto work = [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> kbuf, vbuf, s;
-    kbuf.resize(size_t(D)), vbuf.resize(size_t(D)), s.resize(size_t(group * P));
-    const size_t elt = kv.bf16 ? 2 : 4;
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t sp = it % splits, t = it / splits / Hkv;
-      const int kh = int(it / splits % Hkv);
-      const int64_t n = n_kv - T + t + 1;  // keys 0..n-1
-      const int64_t k_begin = sp * pages_per_split * P, k_end = std::min(n, (sp + 1) * pages_per_split * P);
-      float* res = partial + it * part;
-      for (int g = 0; g < group; ++g) {
-        float* acc = res + g * (D + 2);
-        std::fill(acc, acc + D, 0.0f);
-        acc[D] = -INFINITY, acc[D + 1] = 0.0f;  // m, l
-      }
-      const float* qg = q + (t * Hq + int64_t(kh) * group) * D;
-      for (int64_t p0 = k_begin; p0 < k_end; p0 += P) {
-        const int64_t cnt = std::min(P, k_end - p0);
-        const uint8_t* kp = kv.k_pages[p0 / P];
-        const uint8_t* vp = kv.v_pages[p0 / P];
-        auto row = [&](const uint8_t* page, int64_t j, float* buf) -> const float* {
-          const uint8_t* src = page + size_t(j * kv.row + int64_t(kh) * D) * elt;
-          if (!kv.bf16) return reinterpret_cast<const float*>(src);
-          to_f32(Dtype::bf16, src, buf, D);
-          return buf;
-        };
-        for (int64_t j = 0; j < cnt; ++j) {
-          const float* kj = row(kp, j, kbuf.data());
-          for (int g = 0; g < group; ++g) s[size_t(g * P + j)] = dot(qg + g * D, kj, D) * scale;
-        }
-        for (int g = 0; g < group; ++g) {
-          float* acc = res + g * (D + 2);
-          float* sg = &s[size_t(g * P)];
-          float bm = -INFINITY;
-          for (int64_t j = 0; j < cnt; ++j) bm = std::max(bm, sg[j]);
-          if (bm > acc[D]) {
-            const float c = std::exp(acc[D] - bm);  // 0 on the first block
-            acc[D + 1] *= c;
-#pragma omp simd
-            for (int d = 0; d < D; ++d) acc[d] *= c;
-            acc[D] = bm;
-          }
-          for (int64_t j = 0; j < cnt; ++j) acc[D + 1] += (sg[j] = std::exp(sg[j] - acc[D]));
-        }
-        for (int64_t j = 0; j < cnt; ++j) {
-          const float* vj = row(vp, j, vbuf.data());
-          for (int g = 0; g < group; ++g) {
-            const float pj = s[size_t(g * P + j)];
-            float* acc = res + g * (D + 2);
-#pragma omp simd
-            for (int d = 0; d < D; ++d) acc[d] += pj * vj[d];
-          }
-        }
-      }
-    }
+    thread_local PagedScratch scratch;  // grows once per thread
+    items_fn(args, b, e, scratch);
   };
   const int64_t items = T * Hkv * splits;
   if (pool) pool->parallel_for(items, 1, work);
