@@ -48,10 +48,12 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs);
 // each work item computes the same rows of a pair's gate and up products and applies silu_mul to
 // them, so no serial pass over the intermediate activations follows the section (a decode
 // step's routed and shared experts). G and U are [I][K]; g, u, h are [T][I] (h may alias g).
-// Same results as matmul_group of the gate and up products followed by silu_mul.
+// Same results as matmul_group of the gate and up products followed by silu_mul. A job without
+// `up` is a plain product g = x·Gᵀ sharing the section (a decode step's router next to the
+// shared expert); its u and h are unused.
 struct SwigluJob {
   const Matrix* gate = nullptr;
-  const Matrix* up = nullptr;
+  const Matrix* up = nullptr;   // nullptr: plain product into g
   const float* x = nullptr;
   int64_t T = 0;
   float* g = nullptr;

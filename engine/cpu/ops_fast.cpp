@@ -197,6 +197,10 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
   auto unfused = [&] {  // f32/f16 weights (test checkpoints): the plain sequence
     for (int i = 0; i < n_jobs; ++i) {
       const SwigluJob& j = jobs[i];
+      if (!j.up) {
+        matmul(pool, j.x, j.T, *j.gate, j.g);
+        continue;
+      }
       const MatmulJob gu[] = {{j.gate, j.x, j.T, j.g}, {j.up, j.x, j.T, j.u}};
       matmul_group(pool, gu, 2);
       const int64_t I = j.gate->rows;
@@ -204,7 +208,7 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
     }
   };
   for (int i = 0; i < n_jobs; ++i)
-    if (!kernel_format(jobs[i].gate->dtype) || !kernel_format(jobs[i].up->dtype)) return unfused();
+    if (!kernel_format(jobs[i].gate->dtype) || (jobs[i].up && !kernel_format(jobs[i].up->dtype))) return unfused();
   const cpu::KernelTable& kt = cpu::kernels_best();
   // Per calling thread, reused (workers name them through these references, never directly).
   struct Prepared {
@@ -238,10 +242,10 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
   for (int i = 0; i < n_jobs; ++i) {
     const SwigluJob& j = jobs[i];
     gate_in[size_t(i)] = input_for(j.x, j.T, j.gate->cols, *kernel_format(j.gate->dtype));
-    up_in[size_t(i)] = input_for(j.x, j.T, j.up->cols, *kernel_format(j.up->dtype));
+    if (j.up) up_in[size_t(i)] = input_for(j.x, j.T, j.up->cols, *kernel_format(j.up->dtype));
     const int64_t tile_rows = kernel_tile_rows(j.T);
     first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.gate->rows + tile_rows - 1) / tile_rows;
-    macs += 2 * j.gate->rows * j.gate->cols * j.T;
+    macs += (j.up ? 2 : 1) * j.gate->rows * j.gate->cols * j.T;
   }
   const int64_t tiles = first_tile[size_t(n_jobs)];
   if (tiles == 0) return;
@@ -254,10 +258,15 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
       const int64_t I = j.gate->rows, tile_rows = kernel_tile_rows(j.T);
       const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
       const int64_t r1 = std::min(I, (job_end - first_tile[size_t(i)]) * tile_rows);
-      const cpu::WeightFormat fg = *kernel_format(j.gate->dtype), fu = *kernel_format(j.up->dtype);
+      const cpu::WeightFormat fg = *kernel_format(j.gate->dtype);
       const cpu::WeightMatrix wg{fg, I, j.gate->cols, static_cast<const uint8_t*>(j.gate->data)};
-      const cpu::WeightMatrix wu{fu, j.up->rows, j.up->cols, static_cast<const uint8_t*>(j.up->data)};
       kt.matmul[int(fg)](wg, gate_in[size_t(i)], j.g, I, r0, r1);
+      if (!j.up) {  // a plain product riding along in the section
+        t = job_end;
+        continue;
+      }
+      const cpu::WeightFormat fu = *kernel_format(j.up->dtype);
+      const cpu::WeightMatrix wu{fu, j.up->rows, j.up->cols, static_cast<const uint8_t*>(j.up->data)};
       kt.matmul[int(fu)](wu, up_in[size_t(i)], j.u, I, r0, r1);
       for (int64_t tok = 0; tok < j.T; ++tok)
         silu_mul(j.g + tok * I + r0, I, j.u + tok * I + r0, I, 1, r1 - r0, j.h + tok * I + r0);

@@ -250,7 +250,25 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
   router.resize(size_t(T * E));
   weights.resize(size_t(T * k));
   ids.resize(size_t(T * k));
-  ops::matmul(pool_, a, T, w.router, router.data());
+  const bool shared = w.has_shared_expert;
+  const int64_t SI = shared ? w.shared_expert.gate_proj.rows : 0;
+  if (shared) {
+    sgu.resize(size_t(T * 2 * SI));
+    s.resize(size_t(T * H));
+    sg.resize(size_t(T));
+  }
+  // A few tokens (decode): the router is too small to split on its own (one thread would read
+  // it between two sections), so it shares a section with the shared expert, which needs only
+  // `a` too. Prompt chunks keep the shared expert with the routed ones.
+  const bool shared_first = shared && T <= 8;
+  swiglu.clear();
+  swiglu.push_back({&w.router, nullptr, a, T, router.data(), nullptr, nullptr});
+  if (shared_first) {
+    swiglu.push_back({&w.shared_expert_gate, nullptr, a, T, sg.data(), nullptr, nullptr});
+    swiglu.push_back({&w.shared_expert.gate_proj, &w.shared_expert.up_proj, a, T, sgu.data(), sgu.data() + T * SI,
+                      sgu.data()});
+  }
+  ops::matmul_swiglu_group(pool_, swiglu.data(), int(swiglu.size()));
   ops::moe_route(router.data(), T, E, k, ids.data(), weights.data());
   // Counting sort of (token, slot) by expert: rows of expert e are [start[e], start[e]+count[e]).
   count.assign(size_t(E), 0);
@@ -276,13 +294,6 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
   for (int e = 0; e < E; ++e)
     if (start[size_t(e) + 1] - start[size_t(e)] > 1)
       for (int64_t r = start[size_t(e)]; r < start[size_t(e) + 1]; ++r) std::copy_n(row_of(r), H, &xa[size_t(r * H)]);
-  const bool shared = w.has_shared_expert;
-  const int64_t SI = shared ? w.shared_expert.gate_proj.rows : 0;
-  if (shared) {
-    sgu.resize(size_t(T * 2 * SI));
-    s.resize(size_t(T * H));
-    sg.resize(size_t(T));
-  }
   // Gate and up with SwiGLU applied in the same section: outputs side by side per expert, [n_e][I]
   // gate (then h, in place) and [n_e][I] up.
   swiglu.clear();
@@ -293,7 +304,7 @@ void Qwen35Model::moe_block(const MoeWeights& w, const float* a, int64_t T, floa
     float* g = &gu[size_t(start[size_t(e)] * 2 * I)];
     swiglu.push_back({&w.experts[size_t(e)].gate_proj, &w.experts[size_t(e)].up_proj, x, n, g, g + n * I, g});
   }
-  if (shared) {
+  if (shared && !shared_first) {
     swiglu.push_back({&w.shared_expert.gate_proj, &w.shared_expert.up_proj, a, T, sgu.data(), sgu.data() + T * SI,
                       sgu.data()});
     ops::matmul(pool_, a, T, w.shared_expert_gate, sg.data());  // one row

@@ -2,7 +2,8 @@
 // there) against the unfused sequence the model ran before: matmul_group of every gate and up
 // product, then silu_mul. Must be identical bit for bit (batched = solo and prefill/decode
 // consistency rely on it) for q8, q4 and bf16 weights, a decode token (T = 1, every expert on the
-// same input) and a prompt chunk (T > 8: 16-row panels), with and without a pool.
+// same input) and a prompt chunk (T > 8: 16-row panels), with and without a pool; and a plain
+// product (no up matrix) sharing the section equals ops::matmul.
 #include <cstring>
 #include <random>
 #include <vector>
@@ -72,7 +73,12 @@ TEST(SwigluGroup, EqualsGateUpProductsThenSiluMulBitForBit) {
           sw.push_back({&gate[size_t(i)].m, &up[size_t(i)].m, input(i), T, gs[size_t(i)].data(), us[size_t(i)].data(),
                         gs[size_t(i)].data()});
         }
+        // A plain product riding along (the router in a decode step): equals ops::matmul.
+        std::vector<float> plain(size_t(T * I), 0.0f), plain_want(size_t(T * I), 0.0f);
+        sw.push_back({&gate[0].m, nullptr, x1.data(), T, plain.data(), nullptr, nullptr});
         ops::matmul_swiglu_group(p, sw.data(), int(sw.size()));
+        ops::matmul(nullptr, x1.data(), T, gate[0].m, plain_want.data());
+        ASSERT_EQ(0, std::memcmp(plain_want.data(), plain.data(), plain.size() * 4)) << "plain job, " << dtype_name(dt);
         for (int i = 0; i < kPairs; ++i)
           ASSERT_EQ(0, std::memcmp(want[size_t(i)].data(), gs[size_t(i)].data(), size_t(T * I) * 4))
               << dtype_name(dt) << " T=" << T << " pair " << i << (p ? " pool" : " no pool");
