@@ -102,19 +102,30 @@ void attention_ref(const float* q, const float* k, const float* v, int64_t T, in
 }
 
 void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, float* state, float* out) {
-  // window[K−1+t] = input at step t; window[0..K−2] = the stored history.
-  thread_local std::vector<float> window;  // grown once: decode steps allocate nothing
-  window.resize(static_cast<size_t>(K - 1 + T));
-  for (int64_t ch = 0; ch < C; ++ch) {
-    for (int s = 0; s < K - 1; ++s) window[size_t(s)] = state[s * C + ch];
-    for (int64_t t = 0; t < T; ++t) window[size_t(K - 1 + t)] = x[t * C + ch];
-    const float* wc = w + ch * K;
-    for (int64_t t = 0; t < T; ++t) {
-      float acc = 0;
-      for (int s = 0; s < K; ++s) acc += wc[s] * window[size_t(t + s)];
-      out[t * C + ch] = silu(acc);
+  // Window row i (0 ≤ i < K−1+T): the stored history for i < K−1, else input step i−(K−1).
+  // Computed a step at a time over all channels, so every row is read in order (one channel
+  // at a time strode through a prompt chunk C floats per step); each output is the same sum in
+  // the same order: acc = 0, then acc += w[ch][s]·window[t+s][ch] for s = 0..K−1.
+  auto window = [&](int64_t i) { return i < K - 1 ? state + i * C : x + (i - (K - 1)) * C; };
+  thread_local std::vector<float> taps;  // w transposed to [K][C]; grown once
+  taps.resize(static_cast<size_t>(K * C));
+  for (int64_t ch = 0; ch < C; ++ch)
+    for (int s = 0; s < K; ++s) taps[size_t(s * C + ch)] = w[ch * K + s];
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * C;
+    for (int64_t ch = 0; ch < C; ++ch) o[ch] = 0.0f;
+    for (int s = 0; s < K; ++s) {
+      const float* row = window(t + s);
+      const float* tap = &taps[size_t(s * C)];
+      for (int64_t ch = 0; ch < C; ++ch) o[ch] += tap[ch] * row[ch];
     }
-    for (int s = 0; s < K - 1; ++s) state[s * C + ch] = window[size_t(T + s)];
+    for (int64_t ch = 0; ch < C; ++ch) o[ch] = silu(o[ch]);
+  }
+  // New history: window rows T..T+K−2. Row s takes row T+s ≥ s, which (when it is itself
+  // history) has not been overwritten yet.
+  for (int s = 0; s < K - 1; ++s) {
+    const float* src = window(T + s);
+    if (src != state + s * C) std::copy(src, src + C, state + s * C);
   }
 }
 

@@ -113,6 +113,12 @@ TEST(Ops, ConvCarriesStateAcrossCalls) {
   ops::conv1d_silu(x.data() + 3 * C, T - 3, C, K, w.data(), st_b.data(), parts.data() + 3 * C);
   EXPECT_EQ(all, parts);
   EXPECT_EQ(st_a, st_b);
+  // One step at a time (decode; fewer steps than the history, so history rows move within it).
+  std::vector<float> st_c(size_t((K - 1) * C), 0.f), steps(size_t(T * C));
+  for (int64_t t = 0; t < T; ++t)
+    ops::conv1d_silu(x.data() + t * C, 1, C, K, w.data(), st_c.data(), steps.data() + t * C);
+  EXPECT_EQ(all, steps);
+  EXPECT_EQ(st_a, st_c);
   // Newest tap is w[K−1]: a single impulse at t=0 shows the taps in reverse order over time.
   std::vector<float> imp(size_t(T * C), 0.f), st(size_t((K - 1) * C), 0.f), out(size_t(T * C));
   imp[0] = 1.0f;
