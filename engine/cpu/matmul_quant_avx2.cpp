@@ -1,6 +1,6 @@
-// q8 and q4 products on AVX2: a streaming kernel for decode (one to eight tokens: each weight
+// q8 and q4 products on AVX2: a streaming kernel for decode (one to four tokens: each weight
 // block is read and widened once for all of them) and a register-blocked matrix-matrix kernel
-// for prefill and larger batches (nine tokens or more).
+// for prefill and batches (five tokens or more).
 //
 // Both compute every output with the same floating-point operations, in the same order, as
 // matmul_ref.cpp's definition, so an output does not depend on how many tokens share the call
@@ -11,12 +11,12 @@
 //   y   = d_x · (((a_0 + a_4) + (a_2 + a_6)) + ((a_1 + a_5) + (a_3 + a_7)))
 // Integer sums are exact, so how a kernel arranges them never shows in the result.
 //
-// Streaming (T ≤ 8): one row at a time; a block's 32 products come from two vpmaddwd into 8
+// Streaming (T ≤ 4): one row at a time; a block's 32 products come from two vpmaddwd into 8
 // int32 lanes per token, eight blocks' lanes are reduced together by vphaddd into one vector
 // (lane j = block b0 + j) and scaled by the row's eight fp16 scales with one FMA: the a_j are
 // the lanes. Software prefetch runs 8 rows ahead (the hardware prefetcher alone leaves the
-// stream at half the read bandwidth). Up to 8 tokens this costs fewer instructions per weight
-// than unpacking a panel (batched decode: most experts see one to three tokens).
+// stream at half the read bandwidth). For a few tokens this costs less than unpacking a panel
+// (batched decode: most experts see one to three tokens).
 //
 // More tokens: weights are unpacked once per 16-row panel to int16, interleaved so that one
 // 32-byte vector holds one pair of columns of 8 rows; each column pair of a token is broadcast as one
@@ -34,7 +34,11 @@ namespace {
 
 constexpr int kPanelRows = 16;  // two vectors of 8 rows
 constexpr int kTokenTile = 4;
-constexpr int64_t kMaxStreamTokens = 8;  // up to this many tokens: the streaming kernel
+// Up to this many tokens the streaming kernel; from one more, panels. Measured on the bench
+// model with 8 batched sessions: panels from 5 tokens gave 64-78 tok/s aggregate against
+// 61-63 with streaming up to 8 (the panel tile needs ~0.16 instructions per weight and token,
+// the streaming one ~0.25, the panel's unpacking ~0.3 per weight once).
+constexpr int64_t kMaxStreamTokens = 4;
 
 // Per-thread scratch for one unpacked panel, grown on first use and reused (defined outside the
 // AVX2 region so no std:: template is instantiated with AVX2 code).
@@ -132,7 +136,7 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
-// ---- decode: one to eight tokens, weights streamed once ----------------------------------------
+// ---- decode: one to four tokens, weights streamed once ----------------------------------------
 // Each block is loaded and widened once and multiplied with every token's activations; per
 // token, eight blocks' lanes are reduced together (reduce8) and scaled with one FMA.
 constexpr int64_t kPrefetchRows = 8;
@@ -199,7 +203,7 @@ void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
   }
 }
 
-// ---- T > 8: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
+// ---- T > 4: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
 
 // Unpacks rows [r, r + n) (n ≤ 16; missing rows are zero) into the panel layout.
 template <class F>
@@ -345,16 +349,12 @@ void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
 template <class F>
 void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r1 <= r0 || x.n <= 0) return;
-  static_assert(kMaxStreamTokens == 8, "the cases below");
+  static_assert(kMaxStreamTokens == 4, "the cases below");
   switch (x.n) {
     case 1: return matvec<F, 1>(w, x, y, ldy, 0, r0, r1);
     case 2: return matvec<F, 2>(w, x, y, ldy, 0, r0, r1);
     case 3: return matvec<F, 3>(w, x, y, ldy, 0, r0, r1);
     case 4: return matvec<F, 4>(w, x, y, ldy, 0, r0, r1);
-    case 5: return matvec<F, 5>(w, x, y, ldy, 0, r0, r1);
-    case 6: return matvec<F, 6>(w, x, y, ldy, 0, r0, r1);
-    case 7: return matvec<F, 7>(w, x, y, ldy, 0, r0, r1);
-    case 8: return matvec<F, 8>(w, x, y, ldy, 0, r0, r1);
     default: return matmat<F>(w, x, y, ldy, r0, r1);
   }
 }

@@ -18,9 +18,9 @@ namespace {
 
 constexpr int64_t kTileRows = 4;
 
-// Rows per work item of a kernel-table product: up to eight tokens the kernels stream rows
+// Rows per work item of a kernel-table product: up to four tokens the kernels stream rows
 // (4-row items); with more, the q8/q4 kernels unpack 16-row panels: an item must not cut one.
-constexpr int64_t kernel_tile_rows(int64_t T) { return T <= 8 ? 4 : 16; }
+constexpr int64_t kernel_tile_rows(int64_t T) { return T <= 4 ? 4 : 16; }
 
 // Four dot products sharing the loads of x.
 inline void dot4(const float* x, const float* w, int64_t K, float* s) {
