@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <immintrin.h>
@@ -21,6 +22,25 @@ constexpr int64_t kTileRows = 4;
 // Rows per work item of a kernel-table product: up to four tokens the kernels stream rows
 // (4-row items); with more, the q8/q4 kernels unpack 16-row panels: an item must not cut one.
 constexpr int64_t kernel_tile_rows(int64_t T) { return T <= 4 ? 4 : 16; }
+
+// Grouped products lay their jobs end to end in tile space: job i owns tiles
+// [first_tile[i], first_tile[i+1]), kernel_tile_rows(T_i) rows each. Calls fn(i, r0, r1) for
+// the rows of every job that the tiles [b, e) of one work item cover.
+template <class RowsOf, class Fn>
+void for_each_job_rows(const std::vector<int64_t>& first_tile, int64_t b, int64_t e, RowsOf rows_and_tokens,
+                       Fn&& fn) {
+  int i = int(std::upper_bound(first_tile.begin(), first_tile.end(), b) - first_tile.begin()) - 1;
+  for (int64_t t = b; t < e; ++i) {
+    const int64_t job_end = std::min(e, first_tile[size_t(i) + 1]);
+    if (job_end <= t) continue;
+    const auto [rows, T] = rows_and_tokens(i);
+    const int64_t tile_rows = kernel_tile_rows(T);
+    const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
+    const int64_t r1 = std::min(rows, (job_end - first_tile[size_t(i)]) * tile_rows);
+    fn(i, r0, r1);
+    t = job_end;
+  }
+}
 
 // Four dot products sharing the loads of x.
 inline void dot4(const float* x, const float* w, int64_t K, float* s) {
@@ -173,20 +193,13 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
   const int64_t tiles = first_tile[size_t(n_jobs)];
   if (tiles == 0) return;
   auto work = [&](int64_t b, int64_t e) {
-    // Jobs are contiguous in tile space; walk from the one holding tile b.
-    int i = int(std::upper_bound(first_tile.begin(), first_tile.end(), b) - first_tile.begin()) - 1;
-    for (int64_t t = b; t < e; ++i) {
-      const int64_t job_end = std::min(e, first_tile[size_t(i) + 1]);
-      if (job_end <= t) continue;
-      const MatmulJob& j = jobs[i];
-      const cpu::WeightFormat f = *kernel_format(j.w->dtype);
-      const cpu::WeightMatrix wm{f, j.w->rows, j.w->cols, static_cast<const uint8_t*>(j.w->data)};
-      const int64_t tile_rows = kernel_tile_rows(j.T);
-      const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
-      const int64_t r1 = std::min(j.w->rows, (job_end - first_tile[size_t(i)]) * tile_rows);
-      kt.matmul[int(f)](wm, inputs[size_t(i)], j.y, j.w->rows, r0, r1);
-      t = job_end;
-    }
+    for_each_job_rows(first_tile, b, e, [&](int i) { return std::pair{jobs[i].w->rows, jobs[i].T}; },
+                      [&](int i, int64_t r0, int64_t r1) {
+                        const MatmulJob& j = jobs[i];
+                        const cpu::WeightFormat f = *kernel_format(j.w->dtype);
+                        const cpu::WeightMatrix wm{f, j.w->rows, j.w->cols, static_cast<const uint8_t*>(j.w->data)};
+                        kt.matmul[int(f)](wm, inputs[size_t(i)], j.y, j.w->rows, r0, r1);
+                      });
   };
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, macs / tiles));
   if (pool) pool->parallel_for(tiles, grain, work);
@@ -250,28 +263,20 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
   const int64_t tiles = first_tile[size_t(n_jobs)];
   if (tiles == 0) return;
   auto work = [&](int64_t b, int64_t e) {
-    int i = int(std::upper_bound(first_tile.begin(), first_tile.end(), b) - first_tile.begin()) - 1;
-    for (int64_t t = b; t < e; ++i) {
-      const int64_t job_end = std::min(e, first_tile[size_t(i) + 1]);
-      if (job_end <= t) continue;
-      const SwigluJob& j = jobs[i];
-      const int64_t I = j.gate->rows, tile_rows = kernel_tile_rows(j.T);
-      const int64_t r0 = (t - first_tile[size_t(i)]) * tile_rows;
-      const int64_t r1 = std::min(I, (job_end - first_tile[size_t(i)]) * tile_rows);
-      const cpu::WeightFormat fg = *kernel_format(j.gate->dtype);
-      const cpu::WeightMatrix wg{fg, I, j.gate->cols, static_cast<const uint8_t*>(j.gate->data)};
-      kt.matmul[int(fg)](wg, gate_in[size_t(i)], j.g, I, r0, r1);
-      if (!j.up) {  // a plain product riding along in the section
-        t = job_end;
-        continue;
-      }
-      const cpu::WeightFormat fu = *kernel_format(j.up->dtype);
-      const cpu::WeightMatrix wu{fu, j.up->rows, j.up->cols, static_cast<const uint8_t*>(j.up->data)};
-      kt.matmul[int(fu)](wu, up_in[size_t(i)], j.u, I, r0, r1);
-      for (int64_t tok = 0; tok < j.T; ++tok)
-        silu_mul(j.g + tok * I + r0, I, j.u + tok * I + r0, I, 1, r1 - r0, j.h + tok * I + r0);
-      t = job_end;
-    }
+    for_each_job_rows(first_tile, b, e, [&](int i) { return std::pair{jobs[i].gate->rows, jobs[i].T}; },
+                      [&](int i, int64_t r0, int64_t r1) {
+                        const SwigluJob& j = jobs[i];
+                        const int64_t I = j.gate->rows;
+                        const cpu::WeightFormat fg = *kernel_format(j.gate->dtype);
+                        const cpu::WeightMatrix wg{fg, I, j.gate->cols, static_cast<const uint8_t*>(j.gate->data)};
+                        kt.matmul[int(fg)](wg, gate_in[size_t(i)], j.g, I, r0, r1);
+                        if (!j.up) return;  // a plain product riding along in the section
+                        const cpu::WeightFormat fu = *kernel_format(j.up->dtype);
+                        const cpu::WeightMatrix wu{fu, j.up->rows, j.up->cols, static_cast<const uint8_t*>(j.up->data)};
+                        kt.matmul[int(fu)](wu, up_in[size_t(i)], j.u, I, r0, r1);
+                        for (int64_t tok = 0; tok < j.T; ++tok)
+                          silu_mul(j.g + tok * I + r0, I, j.u + tok * I + r0, I, 1, r1 - r0, j.h + tok * I + r0);
+                      });
   };
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, macs / tiles));
   if (pool) pool->parallel_for(tiles, grain, work);
