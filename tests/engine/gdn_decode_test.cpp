@@ -11,16 +11,12 @@
 #include <gtest/gtest.h>
 
 #include "engine/ops.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937_64& g, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using testing::randn;
 
 struct Shape {
   int Hk, Hv, dk, dv, K;

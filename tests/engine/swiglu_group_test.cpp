@@ -12,16 +12,12 @@
 
 #include "engine/cpu/matmul.h"
 #include "engine/ops.h"
+#include "test_math.h"
 
 namespace kiln::engine {
 namespace {
 
-std::vector<float> randn(size_t n, std::mt19937_64& g) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using testing::randn;
 
 struct StoredMatrix {
   std::vector<uint8_t> bytes;

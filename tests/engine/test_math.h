@@ -1,8 +1,10 @@
-// Numeric helpers shared by the engine tests: relative L2 error and reproducible random tokens.
+// Numeric helpers shared by the engine tests: relative L2 error, reproducible random tokens and
+// Gaussian vectors.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace kiln::engine::testing {
@@ -27,6 +29,14 @@ inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t see
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = int32_t((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 33) % int32_t(vocab);
   return t;
+}
+
+// n samples of N(0, scale²) drawn from g (the caller's generator: successive calls continue it).
+inline std::vector<float> randn(size_t n, std::mt19937_64& g, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
 }
 
 }  // namespace kiln::engine::testing
