@@ -25,23 +25,12 @@
 namespace kiln::engine::cpu {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using tiles::hsum;
+using tiles::prefetch_span;
 
 inline __m256 load8_bf16(const uint16_t* p) {
   const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-// Software prefetch of [p, p + bytes) into L1, one request per 64 bytes; called with consecutive
-// spans, so every line of the stream is requested (bytes ≤ ~256 here).
-// Prefetching past the end of the matrix is harmless: prefetches never fault.
-inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
 // ---- f32 and bf16: FMA over 8 columns at a time ------------------------------------------------

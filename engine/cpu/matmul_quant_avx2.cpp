@@ -32,13 +32,8 @@
 namespace kiln::engine::cpu::avx2 {
 namespace {
 
-constexpr int kPanelRows = 16;  // two vectors of 8 rows
+constexpr int kPanelRows = int(kQuantPanelRows);  // two vectors of 8 rows
 constexpr int kTokenTile = 4;
-// Up to this many tokens the streaming kernel; from one more, panels. Measured on the bench
-// model with 8 batched sessions: panels from 5 tokens gave 64-78 tok/s aggregate against
-// 61-63 with streaming up to 8 (the panel tile needs ~0.16 instructions per weight and token,
-// the streaming one ~0.25, the panel's unpacking ~0.3 per weight once).
-constexpr int64_t kMaxStreamTokens = 4;
 
 // Per-thread scratch for one unpacked panel, grown on first use and reused (defined outside the
 // AVX2 region so no std:: template is instantiated with AVX2 code).
@@ -68,8 +63,13 @@ PanelScratch panel_scratch(int64_t k) {
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
+#include "engine/cpu/simd_tiles.h"
+
 namespace kiln::engine::cpu::avx2 {
 namespace {
+
+using tiles::hsum;  // the fixed final order of the definition
+using tiles::prefetch_span;
 
 // ---- formats: where a row's scales, offsets and quants are, and one block as int16 ----------
 struct Q8 {
@@ -124,18 +124,6 @@ inline __m256i reduce8(const __m256i* s) {
                           _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
-// The fixed final order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-}
-
 // ---- decode: one to four tokens, weights streamed once ----------------------------------------
 // Each block is loaded and widened once and multiplied with every token's activations; per
 // token, eight blocks' lanes are reduced together (reduce8) and scaled with one FMA.
@@ -176,16 +164,15 @@ inline void stream_group(const uint16_t* d, const uint8_t* q, int64_t nb, int64_
 }
 
 template <class F, int NT>
-void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t t0,
-            int64_t r0, int64_t r1) {
+void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const int64_t k = w.cols, nb = k / kQuantBlock;
   const int64_t stride = static_cast<int64_t>(w.stride());
   const int64_t ahead_step = (stride + nb - 1) / nb;  // bytes of a row per block, rounded up
   const int16_t* xq[NT];
   const int32_t* xsum[NT];
   for (int j = 0; j < NT; ++j) {
-    xq[j] = x.q16.q + (t0 + j) * k;
-    xsum[j] = x.q16.block_sum + (t0 + j) * nb;
+    xq[j] = x.q16.q + j * k;
+    xsum[j] = x.q16.block_sum + j * nb;
   }
   // A range starts cold: request its first rows now, the loop keeps kPrefetchRows ahead.
   for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
@@ -199,7 +186,7 @@ void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
     int64_t b0 = 0;
     for (; b0 + 8 <= nb; b0 += 8) stream_group<F, NT, true>(d, q, nb, b0, 8, xq, xsum, ahead, ahead_step, acc);
     if (b0 < nb) stream_group<F, NT, false>(d, q, nb, b0, nb - b0, xq, xsum, ahead, ahead_step, acc);
-    for (int j = 0; j < NT; ++j) y[(t0 + j) * ldy + r] = x.q16.d[t0 + j] * hsum(acc[j]);
+    for (int j = 0; j < NT; ++j) y[j * ldy + r] = x.q16.d[j] * hsum(acc[j]);
   }
 }
 
@@ -327,14 +314,11 @@ void panel_tile(const PanelScratch& p, const MatmulInput& x, int64_t t, float* y
 template <class F>
 void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const PanelScratch p = panel_scratch(w.cols);
-  const int64_t stride = static_cast<int64_t>(w.stride());
   for (int64_t r = r0; r < r1; r += kPanelRows) {
     const int64_t n = r1 - r < kPanelRows ? r1 - r : kPanelRows;
     unpack_panel<F>(w, r, n, p);
     // The next panel's weights travel to L2 while this one computes.
-    const int64_t next = r1 - (r + n) < kPanelRows ? r1 - (r + n) : kPanelRows;
-    const auto* nxt = reinterpret_cast<const char*>(w.row(r + n));
-    for (int64_t o = 0; o < next * stride; o += 64) _mm_prefetch(nxt + o, _MM_HINT_T1);
+    tiles::prefetch_rows(w, r + n, r1 - (r + n) < kPanelRows ? r1 - (r + n) : kPanelRows);
     int64_t t = 0;
     for (; t + kTokenTile <= x.n; t += kTokenTile) panel_tile<F, kTokenTile>(p, x, t, y, ldy, r, n);
     switch (x.n - t) {
@@ -349,12 +333,12 @@ void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
 template <class F>
 void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r1 <= r0 || x.n <= 0) return;
-  static_assert(kMaxStreamTokens == 4, "the cases below");
+  static_assert(kQuantStreamMaxTokens == 4, "the cases below");
   switch (x.n) {
-    case 1: return matvec<F, 1>(w, x, y, ldy, 0, r0, r1);
-    case 2: return matvec<F, 2>(w, x, y, ldy, 0, r0, r1);
-    case 3: return matvec<F, 3>(w, x, y, ldy, 0, r0, r1);
-    case 4: return matvec<F, 4>(w, x, y, ldy, 0, r0, r1);
+    case 1: return matvec<F, 1>(w, x, y, ldy, r0, r1);
+    case 2: return matvec<F, 2>(w, x, y, ldy, r0, r1);
+    case 3: return matvec<F, 3>(w, x, y, ldy, r0, r1);
+    case 4: return matvec<F, 4>(w, x, y, ldy, r0, r1);
     default: return matmat<F>(w, x, y, ldy, r0, r1);
   }
 }

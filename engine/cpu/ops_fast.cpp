@@ -19,9 +19,11 @@ namespace {
 
 constexpr int64_t kTileRows = 4;
 
-// Rows per work item of a kernel-table product: up to four tokens the kernels stream rows
-// (4-row items); with more, the q8/q4 kernels unpack 16-row panels: an item must not cut one.
-constexpr int64_t kernel_tile_rows(int64_t T) { return T <= 4 ? 4 : 16; }
+// Rows per work item of a kernel-table product: while the kernels stream rows, 4-row items; once
+// the q8/q4 kernels unpack panels, an item must not cut one (see matmul.h).
+constexpr int64_t kernel_tile_rows(int64_t T) {
+  return T <= cpu::kQuantStreamMaxTokens ? kTileRows : cpu::kQuantPanelRows;
+}
 
 // Grouped products lay their jobs end to end in tile space: job i owns tiles
 // [first_tile[i], first_tile[i+1]), kernel_tile_rows(T_i) rows each. Calls fn(i, r0, r1) for

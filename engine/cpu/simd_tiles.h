@@ -1,6 +1,6 @@
-// Row/token tiling of the f32/bf16 SIMD tiles (included only by matmul_avx2.cpp and
-// matmul_avx512.cpp, inside their target-specific regions; q8/q4 have their own kernels in
-// matmul_quant_avx2.cpp).
+// Helpers and row/token tiling shared by the SIMD matmul files (included only inside their
+// target-specific regions: matmul_avx2.cpp, matmul_quant_avx2.cpp, matmul_avx512.cpp). The
+// f32/bf16 tiles use drive(); q8/q4 have their own loops in matmul_quant_avx2.cpp.
 //
 // A Tile type provides `template <int R, int T> static void run(w, r, x, t, y, ldy)`, computing
 // the R×T outputs y[(t+j)*ldy + r+i]. drive() covers [r0, r1) × [0, n):
@@ -16,6 +16,21 @@
 namespace kiln::engine::cpu::tiles {
 
 inline constexpr int64_t kTokenChunk = 64;
+
+// Horizontal sum in a fixed order, ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)): part of
+// the q8/q4 arithmetic's definition (matmul_ref.cpp), so every kernel must use this one.
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Software prefetch of [p, p + bytes) into L1, one request per 64 bytes. Prefetching past the
+// end of a matrix is harmless: prefetches never fault.
+inline void prefetch_span(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
 
 // Prefill: the next row pair's weights (2 KiB for K = 1024) are requested into L2 while the
 // current pair runs its token tiles, so the tiles never wait on memory.

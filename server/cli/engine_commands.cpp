@@ -347,16 +347,19 @@ void add_bench(CLI::App& engine, Context& ctx) {
                   "With --sessions: prefill admitted while 4 sessions decode (0: skip)");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->callback([&ctx, a] {
-    if (!a->sessions.empty()) {
-      BatchBenchOptions o;
+    auto common = [&](auto& o) {  // the options both benches share
       o.model_dir = a->model;
       o.weights = weights_choice(a->weights);
       o.threads = a->threads;
       o.prompt_tokens = a->prompt_tokens;
       o.gen_tokens = a->gen_tokens;
+      o.progress = true;
+    };
+    if (!a->sessions.empty()) {
+      BatchBenchOptions o;
+      common(o);
       o.prefill_chunk = a->prefill_chunk;
       o.fairness_prompt_tokens = a->fairness_prompt;
-      o.progress = true;
       std::vector<int32_t> counts;
       std::string bad;
       if (!parse_ids(a->sessions, counts, bad)) return void(fail(ctx, "bench", "--sessions: `" + bad + "` is not a number"));
@@ -373,13 +376,8 @@ void add_bench(CLI::App& engine, Context& ctx) {
       return;
     }
     SpeedBenchOptions o;
-    o.model_dir = a->model;
-    o.weights = weights_choice(a->weights);
-    o.threads = a->threads;
-    o.prompt_tokens = a->prompt_tokens;
-    o.gen_tokens = a->gen_tokens;
+    common(o);
     o.runs = a->runs;
-    o.progress = true;
     auto r = run_speed_bench(o);
     if (!r) return void(fail(ctx, "bench", r.error()));
     if (a->json) ctx.out << r->to_json() << "\n";
