@@ -231,14 +231,7 @@ TEST(Server, MetricsHaveEveryFamilyAndCountABuildAndASandboxTimeout) {
   auto r = f.call("POST", "/v1/builds", json{{"repo", (dir.path() / "repo").string()}, {"task", "wait"}}.dump());
   ASSERT_EQ(r.status, 201);
   int64_t id = f.json_of(r)["id"];
-  std::string end;
-  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
-    if (m.event != "end") return StreamControl::keep_going;
-    end = json::parse(m.data)["status"];
-    return StreamControl::stop;
-  });
-  ASSERT_FALSE(err.has_value()) << *err;
-  ASSERT_EQ(end, "succeeded");
+  ASSERT_EQ(f.wait_for_end(id).value("status", ""), "succeeded");
 
   auto scrape = f.call("GET", "/metrics");
   EXPECT_EQ(scrape.content_type.rfind("text/plain; version=0.0.4", 0), 0u) << scrape.content_type;
@@ -299,14 +292,9 @@ TEST(Server, EngineModelLoadsOnFirstUseAndUnloadsWhenIdle) {
   auto r = f.call("POST", "/v1/builds", body.dump());
   ASSERT_EQ(r.status, 201) << r.body;
   int64_t id = f.json_of(r)["id"];
-  std::string end;
-  auto err = f.client().stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
-    if (m.event != "end") return StreamControl::keep_going;
-    end = json::parse(m.data)["reason"];
-    return StreamControl::stop;
-  });
-  ASSERT_FALSE(err.has_value()) << *err;
-  EXPECT_NE(end, "model_error") << "the tiny model should load and run";  // random weights: any other end
+  const json end = f.wait_for_end(id);
+  ASSERT_TRUE(end.contains("reason")) << end.dump();
+  EXPECT_NE(end.value("reason", ""), "model_error") << "the tiny model should load and run";  // random weights: any other end
   EXPECT_EQ(residency()["loads"], 1);
   bool unloaded = false;
   for (int i = 0; i < 60 && !unloaded; ++i) {

@@ -126,6 +126,18 @@ class ServerFixture {
     return res;
   }
   nlohmann::json json_of(const ClientResponse& r) { return nlohmann::json::parse(r.body, nullptr, false); }
+  // Follows build `id`'s event stream to its `end` event and returns that event (an empty
+  // object, and a test failure, when the stream breaks first).
+  nlohmann::json wait_for_end(int64_t id) {
+    nlohmann::json end = nlohmann::json::object();
+    auto err = client_->stream("/v1/builds/" + std::to_string(id) + "/events", 0, [&](const SseMessage& m) {
+      if (m.event != "end") return StreamControl::keep_going;
+      end = nlohmann::json::parse(m.data);
+      return StreamControl::stop;
+    });
+    EXPECT_FALSE(err.has_value()) << *err;
+    return end;
+  }
 
  private:
   std::ostringstream log_;
