@@ -67,17 +67,38 @@ TEST(Ops, F16DecoderHandlesSubnormalsAndSpecials) {
 
 TEST(Ops, AttentionMatchesReference) {
   ThreadPool pool(2);
-  for (auto [T, n_kv, Hq, Hkv] : {std::tuple<int64_t, int64_t, int, int>{1, 1, 2, 1}, {1, 40, 4, 2}, {9, 9, 6, 2}, {5, 30, 4, 4},
-                                   // several query blocks (16 tokens) and key blocks (64 keys),
-                                   // partial at both ends, with and without a cached prefix
-                                   {37, 37, 8, 2}, {40, 200, 4, 1}, {70, 135, 2, 2}}) {
-    const int D = 16;
-    auto q = randn(size_t(T * Hq * D), 1), k = randn(size_t(n_kv * Hkv * D), 2), v = randn(size_t(n_kv * Hkv * D), 3);
-    std::vector<float> o(q.size()), r(q.size());
-    ops::attention(&pool, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, o.data());
-    ops::attention_ref(q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, r.data());
-    EXPECT_LE(rel_l2(o, r), 1e-6) << "T=" << T << " n_kv=" << n_kv;
-  }
+  // Head sizes: 16 and 64 run the AVX2 tiled kernel (multiples of 16), 8 and 24 the portable one.
+  for (const int D : {16, 8, 24, 64})
+    for (auto [T, n_kv, Hq, Hkv] :
+         {std::tuple<int64_t, int64_t, int, int>{1, 1, 2, 1}, {1, 40, 4, 2}, {9, 9, 6, 2}, {5, 30, 4, 4},
+          // several query blocks (16 tokens) and key blocks (64 keys), partial at both ends,
+          // with and without a cached prefix; an odd row count (3 tokens × 1 head)
+          {37, 37, 8, 2}, {40, 200, 4, 1}, {70, 135, 2, 2}, {3, 130, 1, 1}}) {
+      auto q = randn(size_t(T * Hq * D), 1), k = randn(size_t(n_kv * Hkv * D), 2), v = randn(size_t(n_kv * Hkv * D), 3);
+      std::vector<float> o(q.size()), o1(q.size()), r(q.size());
+      ops::attention(&pool, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, o.data());
+      ops::attention(nullptr, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, o1.data());
+      ops::attention_ref(q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, r.data());
+      EXPECT_LE(rel_l2(o, r), 1e-6) << "D=" << D << " T=" << T << " n_kv=" << n_kv;
+      EXPECT_EQ(o, o1) << "the pool changed the result; D=" << D << " T=" << T << " n_kv=" << n_kv;
+    }
+}
+
+// Softmax weights spanning the whole float range: scores far below a row's max underflow to
+// exactly zero weight (never NaN), and a row whose first key block holds the max keeps its
+// weights when later blocks are all far smaller (the running max never falls).
+TEST(Ops, AttentionSurvivesExtremeScores) {
+  ThreadPool pool(2);
+  const int64_t T = 20, n_kv = 150;
+  const int Hq = 2, Hkv = 1, D = 32;
+  auto q = randn(size_t(T * Hq * D), 4), k = randn(size_t(n_kv * Hkv * D), 5), v = randn(size_t(n_kv * Hkv * D), 6);
+  for (int64_t j = 0; j < n_kv; ++j)  // keys of very different lengths: scores from ~±1 to ~±1e3
+    for (int d = 0; d < D; ++d) k[size_t(j * D + d)] *= j % 7 == 0 ? 300.0f : 1.0f;
+  std::vector<float> o(q.size()), r(q.size());
+  ops::attention(&pool, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.5f, o.data());
+  ops::attention_ref(q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.5f, r.data());
+  for (float x : o) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_LE(rel_l2(o, r), 1e-5);
 }
 
 // Chunked (WY form) vs recurrent delta rule: same math, f32 rounding only (~1e-6 relative).
