@@ -40,6 +40,18 @@ Scratch scratch(int64_t rows, int64_t D) {
   return {q.data(), s.data(), o.data(), m.data(), l.data(), c.data()};
 }
 
+// Decode's per-thread scratch: the scaled query rows and one page of scores per row.
+struct PagedScratch {
+  float *q, *s;
+};
+
+PagedScratch paged_scratch(int64_t group, int64_t D, int64_t page_tokens) {
+  thread_local std::vector<float> q, s;
+  if (q.size() < static_cast<size_t>(group * D)) q.resize(static_cast<size_t>(group * D));
+  if (s.size() < static_cast<size_t>(group * page_tokens)) s.resize(static_cast<size_t>(group * page_tokens));
+  return {q.data(), s.data()};
+}
+
 }  // namespace
 }  // namespace kiln::engine::cpu::avx2
 
@@ -107,7 +119,175 @@ inline void score_tile(const float* q0, const float* q1, const float* const* kp,
   _mm_storeu_ps(s1, _mm256_extractf128_ps(both, 1));
 }
 
+// ---- decode (paged cache) ---------------------------------------------------------------------
+// Cache rows are f32 or bf16; both are read as 8 floats at a time.
+struct F32Rows {
+  static __m256 load8(const uint8_t* row, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i); }
+  static constexpr int64_t kBytes = 4;
+};
+struct Bf16Rows {
+  static __m256 load8(const uint8_t* row, int64_t i) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static constexpr int64_t kBytes = 2;
+};
+
+// Spreads the reads of the next page over the work on this one. A page holds one layer's K (and
+// V) rows of every KV head as one contiguous block (page_tokens × row); asked for all at once its
+// lines would fill the miss queues and stall the loop, and left to the hardware prefetcher
+// (which stops at each 4 KiB page) the loop waits on memory at a third of the read bandwidth.
+struct PagePrefetch {
+  const char *k = nullptr, *v = nullptr;
+  int64_t lines = 0, next = 0, per_pump = 0;
+  void start(const uint8_t* kb, const uint8_t* vb, int64_t bytes, int64_t pumps) {
+    k = reinterpret_cast<const char*>(kb), v = reinterpret_cast<const char*>(vb);
+    lines = (bytes + 63) / 64, next = 0, per_pump = (lines + pumps - 1) / std::max<int64_t>(pumps, 1);
+  }
+  void pump() {
+    for (const int64_t e = std::min(lines, next + per_pump); next < e; ++next) {
+      _mm_prefetch(k + 64 * next, _MM_HINT_T0);
+      _mm_prefetch(v + 64 * next, _MM_HINT_T0);
+    }
+  }
+};
+
+// Scores of NG query rows (q, stride D) against keys k0, k1: s[g·ls + j], s[g·ls + j + 1].
+template <class Rows, int NG>
+inline void paged_scores(const float* q, int D, const uint8_t* k0, const uint8_t* k1, float* s, int64_t ls,
+                         bool second) {
+  __m256 a[2][NG];
+  for (int g = 0; g < NG; ++g) a[0][g] = a[1][g] = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) {
+    const __m256 x0 = Rows::load8(k0, d), x1 = Rows::load8(k1, d);
+    for (int g = 0; g < NG; ++g) {
+      const __m256 qg = _mm256_loadu_ps(q + g * D + d);
+      a[0][g] = _mm256_fmadd_ps(qg, x0, a[0][g]);
+      a[1][g] = _mm256_fmadd_ps(qg, x1, a[1][g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g) {
+    s[g * ls] = hadd(a[0][g]);
+    if (second) s[g * ls + 1] = hadd(a[1][g]);
+  }
+}
+
+// acc_g = c_g·acc_g + Σ_j p[g][j]·V[j] for NG rows, 8 columns at a time (acc_g at part + g·(D+2)).
+template <class Rows, int NG>
+inline void paged_values(const float* p, int64_t ls, const uint8_t* const* vrows, int64_t cnt, int D,
+                         const float* c, float* part, PagePrefetch& pf) {
+  for (int d = 0; d < D; d += 8) {
+    pf.pump();
+    __m256 acc[NG];
+    for (int g = 0; g < NG; ++g)
+      acc[g] = _mm256_mul_ps(_mm256_set1_ps(c[g]), _mm256_loadu_ps(part + g * (D + 2) + d));
+    for (int64_t j = 0; j < cnt; ++j) {
+      const __m256 v = Rows::load8(vrows[j], d);
+      for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * ls + j), v, acc[g]);
+    }
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(part + g * (D + 2) + d, acc[g]);
+  }
+}
+
+// NG query rows of one KV head against one page's cnt keys: scores, online softmax, values.
+// kp, vp: the head's first K and V row in the page; rows are row_bytes apart.
+template <class Rows, int NG>
+void page_rows(const float* q, const uint8_t* kp, const uint8_t* vp, int64_t row_bytes, int64_t cnt, int D,
+               float* s, int64_t ls, float* part, PagePrefetch& pf) {
+  for (int64_t j = 0; j < cnt; j += 2) {
+    pf.pump();
+    const uint8_t* k0 = kp + j * row_bytes;
+    paged_scores<Rows, NG>(q, D, k0, j + 1 < cnt ? k0 + row_bytes : k0, s + j, ls, j + 1 < cnt);
+  }
+  alignas(32) float c[NG];
+  for (int g = 0; g < NG; ++g) {
+    float* sg = s + g * ls;
+    float* st = part + g * (D + 2);  // acc[D], m, l
+    float bm = -INFINITY;
+    for (int64_t j = 0; j < cnt; ++j) bm = std::max(bm, sg[j]);
+    const float m_new = std::max(st[D], bm);
+    c[g] = std::exp(st[D] - m_new);  // 0 on the first page (m = −∞)
+    st[D] = m_new;
+    const __m256 m8 = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= cnt; j += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sg + j), m8));
+      _mm256_storeu_ps(sg + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    float tail = 0.0f;
+    if (j < cnt) {
+      alignas(32) float buf[8];
+      for (int i = 0; i < 8; ++i) buf[i] = j + i < cnt ? sg[j + i] - m_new : -INFINITY;
+      _mm256_store_ps(buf, exp_nonpositive(_mm256_load_ps(buf)));
+      for (int64_t i = 0; j + i < cnt; ++i) tail += (sg[j + i] = buf[i]);
+    }
+    st[D + 1] = st[D + 1] * c[g] + (hadd(sum) + tail);
+  }
+  const uint8_t* vrows[64];
+  for (int64_t j0 = 0; j0 < cnt; j0 += 64) {  // pages are 16 tokens by default; any size works
+    const int64_t n = std::min<int64_t>(64, cnt - j0);
+    for (int64_t j = 0; j < n; ++j) vrows[j] = vp + (j0 + j) * row_bytes;
+    alignas(32) float c1[NG];
+    for (int g = 0; g < NG; ++g) c1[g] = j0 == 0 ? c[g] : 1.0f;
+    paged_values<Rows, NG>(s + j0, ls, vrows, n, D, c1, part, pf);
+  }
+}
+
+template <class Rows>
+void paged_split(const float* q, const ops::PagedKv& kv, int Hkv, int group, int D, int64_t k_begin, int64_t k_end,
+                 float* s, float* part0, int64_t kh_stride) {
+  const int64_t P = kv.page_tokens, ls = P, row_bytes = kv.row * Rows::kBytes;
+  const int64_t row_groups = (group + 3) / 4;
+  for (int64_t p0 = k_begin; p0 < k_end; p0 += P) {
+    const int64_t cnt = std::min(P, k_end - p0);
+    const uint8_t* kp = kv.k_pages[p0 / P];
+    const uint8_t* vp = kv.v_pages[p0 / P];
+    PagePrefetch pf;
+    if (p0 == k_begin) {  // the split's first page: nothing brought it in
+      pf.start(kp, vp, cnt * row_bytes, 1);
+      pf.pump();
+    }
+    if (p0 + P < k_end)
+      pf.start(kv.k_pages[p0 / P + 1], kv.v_pages[p0 / P + 1], std::min(P, k_end - p0 - P) * row_bytes,
+               Hkv * row_groups * ((cnt + 1) / 2 + D / 8));
+    for (int kh = 0; kh < Hkv; ++kh) {
+      const int64_t head = int64_t(kh) * D * Rows::kBytes;
+      for (int g0 = 0; g0 < group; g0 += 4) {  // rows four at a time: 8 score accumulators
+        const int64_t r = int64_t(kh) * group + g0;
+        const float* qr = q + r * D;
+        float* sr = s + r * ls;
+        float* pr = part0 + kh * kh_stride + int64_t(g0) * (D + 2);
+        switch (std::min(4, group - g0)) {
+          case 4: page_rows<Rows, 4>(qr, kp + head, vp + head, row_bytes, cnt, D, sr, ls, pr, pf); break;
+          case 3: page_rows<Rows, 3>(qr, kp + head, vp + head, row_bytes, cnt, D, sr, ls, pr, pf); break;
+          case 2: page_rows<Rows, 2>(qr, kp + head, vp + head, row_bytes, cnt, D, sr, ls, pr, pf); break;
+          default: page_rows<Rows, 1>(qr, kp + head, vp + head, row_bytes, cnt, D, sr, ls, pr, pf); break;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void paged_attention_split(const float* q, const ops::PagedKv& kv, int Hkv, int group, int D, float scale,
+                           int64_t k_begin, int64_t k_end, float* part, int64_t kh_stride) {
+  const int64_t rows = int64_t(Hkv) * group;
+  const PagedScratch w = paged_scratch(rows, D, kv.page_tokens);
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < rows * D; i += 8) _mm256_storeu_ps(w.q + i, _mm256_mul_ps(sc, _mm256_loadu_ps(q + i)));
+  for (int kh = 0; kh < Hkv; ++kh)
+    for (int g = 0; g < group; ++g) {
+      float* st = part + kh * kh_stride + int64_t(g) * (D + 2);
+      std::fill(st, st + D, 0.0f);
+      st[D] = -INFINITY, st[D + 1] = 0.0f;
+    }
+  if (k_begin >= k_end) return;
+  if (kv.bf16) paged_split<Bf16Rows>(w.q, kv, Hkv, group, D, k_begin, k_end, w.s, part, kh_stride);
+  else paged_split<F32Rows>(w.q, kv, Hkv, group, D, k_begin, k_end, w.s, part, kh_stride);
+}
 
 void prefill_attention_block(const PrefillAttention& a, int kh, int64_t t0, int64_t nt) {
   const int group = a.Hq / a.Hkv, D = a.D;

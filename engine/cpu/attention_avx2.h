@@ -1,9 +1,11 @@
-// Prefill attention on AVX2 + FMA (attention_avx2.cpp): ops::attention's kernel for head sizes
-// that are a multiple of 16 (every model of the family: 256). Call only when
-// cpu_features().has_avx2_set().
+// Attention on AVX2 + FMA (attention_avx2.cpp): the kernels of ops::attention (prefill) and
+// ops::attention_paged (decode) for head sizes that are a multiple of 16 (every model of the
+// family: 256). Call only when cpu_features().has_avx2_set().
 #pragma once
 
 #include <cstdint>
+
+#include "engine/ops.h"
 
 namespace kiln::engine::cpu::avx2 {
 
@@ -17,9 +19,17 @@ struct PrefillAttention {
   float* out;  // [T][Hq][D]
 };
 
-inline bool prefill_attention_supports(int head_dim) { return head_dim > 0 && head_dim % 16 == 0; }
+inline bool tiled_attention_supports(int head_dim) { return head_dim > 0 && head_dim % 16 == 0; }
 
 // Writes the outputs of query tokens [t0, t0 + nt) for the query heads of KV head `kv_head`.
 void prefill_attention_block(const PrefillAttention& a, int kv_head, int64_t t0, int64_t nt);
+
+// One split of flash-decoding for one token: its Hkv·group query rows q[Hkv·group][D] against
+// keys [k_begin, k_end) of the paged cache, k_begin on a page boundary. Every KV head at once, so
+// each page's K and V rows are read as one contiguous block. Leaves each row's unnormalised
+// softmax state at part + kh·kh_stride + g·(D + 2): acc[D], then the running max m and sum l
+// (l = 0: no key). ops::attention_paged merges the splits.
+void paged_attention_split(const float* q, const ops::PagedKv& kv, int Hkv, int group, int D, float scale,
+                           int64_t k_begin, int64_t k_end, float* part, int64_t kh_stride);
 
 }  // namespace kiln::engine::cpu::avx2

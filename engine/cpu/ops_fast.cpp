@@ -383,7 +383,7 @@ __attribute__((target("avx2,fma"))) void attention_blocks_avx2(const AttentionAr
 void attention(ThreadPool* pool, const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq,
                int Hkv, int D, float scale, float* out) {
   const int64_t n_tb = (T + kQueryBlock - 1) / kQueryBlock, items = int64_t(Hkv) * n_tb;
-  if (cpu::cpu_features().has_avx2_set() && cpu::avx2::prefill_attention_supports(D)) {
+  if (cpu::cpu_features().has_avx2_set() && cpu::avx2::tiled_attention_supports(D)) {
     const cpu::avx2::PrefillAttention args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
     auto work = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -406,8 +406,9 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
 }
 
 // Keys per flash-decoding split: long enough that a split's merge is cheap next to its reads,
-// short enough that an 8k context gives both threads many items per KV head.
-constexpr int64_t kKeysPerSplit = 512;
+// short enough that a few hundred keys already give both threads work (the AVX2 kernel's items
+// cover every KV head, so splits are its only parallelism).
+constexpr int64_t kKeysPerSplit = 256;
 
 namespace {
 
@@ -527,12 +528,23 @@ void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_
   partial_buf.resize(size_t(T * Hkv * splits * part));
   float* const partial = partial_buf.data();  // by pointer: workers would see their own thread_local
   const PagedArgs args{q, &kv, T, n_kv, Hq, Hkv, D, scale, group, P, pages_per_split, splits, part, partial};
+  const bool tiled = cpu::cpu_features().has_avx2_set() && cpu::avx2::tiled_attention_supports(D);
   static const auto items_fn = cpu::cpu_features().has_avx2_set() ? paged_items_avx2 : paged_items_base;
   auto work = [&](int64_t b, int64_t e) {
+    if (tiled) {  // items (token, split), every KV head: partial keeps paged_item's layout
+      for (int64_t it = b; it < e; ++it) {
+        const int64_t sp = it % splits, t = it / splits;
+        const int64_t n = n_kv - T + t + 1;  // keys 0..n-1
+        const int64_t k_begin = sp * pages_per_split * P, k_end = std::min(n, (sp + 1) * pages_per_split * P);
+        cpu::avx2::paged_attention_split(q + t * Hq * D, kv, Hkv, group, D, scale, k_begin, k_end,
+                                         partial + (t * Hkv * splits + sp) * part, splits * part);
+      }
+      return;
+    }
     thread_local PagedScratch scratch;  // grows once per thread
     items_fn(args, b, e, scratch);
   };
-  const int64_t items = T * Hkv * splits;
+  const int64_t items = tiled ? T * splits : T * Hkv * splits;
   if (pool) pool->parallel_for(items, 1, work);
   else work(0, items);
   // Merge the splits of each (token, query head): rescale each to the largest max, sum, divide.

@@ -116,7 +116,13 @@ TEST_P(PagedAttention, MatchesContiguousReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, PagedAttention,
                          ::testing::Values(AttnCase{1, 1, 16, 4, 2, 32, false}, AttnCase{1, 100, 16, 4, 2, 32, false},
                                            AttnCase{1, 257, 16, 8, 2, 64, true}, AttnCase{3, 50, 7, 6, 3, 16, false},
-                                           AttnCase{5, 64, 16, 4, 4, 8, true}));
+                                           AttnCase{5, 64, 16, 4, 4, 8, true},
+                                           // the real family's shape: 8 query heads per KV head,
+                                           // head size 256, three 512-key splits
+                                           AttnCase{1, 1100, 16, 16, 2, 256, false},
+                                           // groups of 3 and 6 (row tiles of 4 + 2), pages longer
+                                           // than the value kernel's 64 keys
+                                           AttnCase{2, 300, 80, 6, 2, 32, true}, AttnCase{1, 40, 16, 6, 1, 16, false}));
 
 }  // namespace
 }  // namespace kiln::engine
