@@ -60,30 +60,10 @@ PagedScratch paged_scratch(int64_t group, int64_t D, int64_t page_tokens) {
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 
+#include "engine/cpu/simd_exp.h"
+
 namespace kiln::engine::cpu::avx2 {
 namespace {
-
-// e^x for x ≤ 0, 0 below the smallest normal result (and for −∞). Cephes' expf: x = n·ln2 + r
-// with ln2 split in two so r is exact, a degree-5 polynomial for e^r, 2^n built in the exponent
-// bits. Within 2 ulp of std::exp on this range.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.33654f);  // e^x below this is subnormal
-  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lowest);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
-}
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -212,7 +192,7 @@ void page_rows(const float* q, const uint8_t* kp, const uint8_t* vp, int64_t row
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= cnt; j += 8) {
-      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sg + j), m8));
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j), m8));
       _mm256_storeu_ps(sg + j, e);
       sum = _mm256_add_ps(sum, e);
     }
@@ -220,7 +200,7 @@ void page_rows(const float* q, const uint8_t* kp, const uint8_t* vp, int64_t row
     if (j < cnt) {
       alignas(32) float buf[8];
       for (int i = 0; i < 8; ++i) buf[i] = j + i < cnt ? sg[j + i] - m_new : -INFINITY;
-      _mm256_store_ps(buf, exp_nonpositive(_mm256_load_ps(buf)));
+      _mm256_store_ps(buf, exp8(_mm256_load_ps(buf)));
       for (int64_t i = 0; j + i < cnt; ++i) tail += (sg[j + i] = buf[i]);
     }
     st[D + 1] = st[D + 1] * c[g] + (hadd(sum) + tail);
@@ -340,7 +320,7 @@ void prefill_attention_block(const PrefillAttention& a, int kh, int64_t t0, int6
       for (j = 0; j < kKeys; j += 8) {
         const __m256 lane = _mm256_add_ps(_mm256_set1_ps(float(j)), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 keep = _mm256_cmp_ps(lane, _mm256_set1_ps(float(visible)), _CMP_LT_OQ);
-        const __m256 p = _mm256_and_ps(keep, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(sr + j), m8)));
+        const __m256 p = _mm256_and_ps(keep, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), m8)));
         _mm256_storeu_ps(sr + j, p);
         sum = _mm256_add_ps(sum, p);
       }

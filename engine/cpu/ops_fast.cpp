@@ -13,6 +13,7 @@
 #include "engine/cpu/attention_avx2.h"
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
+#include "engine/cpu/simd_exp.h"
 #include "engine/ops.h"
 
 namespace kiln::engine::ops {
@@ -284,6 +285,41 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, macs / tiles));
   if (pool) pool->parallel_for(tiles, grain, work);
   else work(0, tiles);
+}
+
+namespace {
+
+// silu(g)·u, eight lanes at a time with a vector e^x (libm's scalar expf was 2-4% of a prefill).
+// A row's last few elements go through the same vector code (padded), so every element is
+// computed alike wherever a caller's row range happens to split (batched = solo, bit for bit).
+__attribute__((target("avx2,fma"))) inline __m256 silu_mul8(__m256 x, __m256 u) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, cpu::exp8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)))));
+  return _mm256_mul_ps(_mm256_mul_ps(x, s), u);
+}
+
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, int64_t g_stride, const float* up,
+                                                        int64_t u_stride, int64_t rows, int64_t n, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate + r * g_stride, *u = up + r * u_stride;
+    float* out = y + r * n;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i == n) continue;
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    for (int64_t k = 0; k < n - i; ++k) gt[k] = g[i + k], ut[k] = u[i + k];
+    _mm256_store_ps(gt, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    for (int64_t k = 0; k < n - i; ++k) out[i + k] = gt[k];
+  }
+}
+
+}  // namespace
+
+void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
+              float* y) {
+  if (cpu::cpu_features().has_avx2_set()) return silu_mul_avx2(gate, g_stride, up, u_stride, rows, n, y);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = silu(gate[r * g_stride + i]) * up[r * u_stride + i];
 }
 
 namespace {

@@ -184,10 +184,4 @@ void moe_route(const float* logits, int64_t T, int E, int k, int32_t* ids, float
   }
 }
 
-void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
-              float* y) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = silu(gate[r * g_stride + i]) * up[r * u_stride + i];
-}
-
 }  // namespace kiln::engine::ops

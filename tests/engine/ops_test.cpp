@@ -174,5 +174,28 @@ TEST(ThreadPool, CoversEveryIndexOnceFromManyCallers) {
     for (int x : h) EXPECT_EQ(x, 20);
 }
 
+// silu_mul against silu(g)·u in double: within a few float ulps across the whole range (vector
+// e^x on AVX2), exact limits far out, and the same bits for an element wherever a row is split.
+TEST(Ops, SiluMulMatchesDoubleEverywhereAndIgnoresSplits) {
+  std::vector<float> g, u;
+  for (int i = -2000; i <= 2000; ++i) g.push_back(float(i) * 0.05f), u.push_back(1.0f + float(i % 7) * 0.25f);
+  for (float x : {-200.0f, -88.0f, -87.0f, 88.0f, 89.0f, 200.0f, 1e-30f, -1e-30f, 0.0f})
+    g.push_back(x), u.push_back(1.5f);
+  const auto n = int64_t(g.size());
+  std::vector<float> y(g.size());
+  ops::silu_mul(g.data(), n, u.data(), n, 1, n, y.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = g[size_t(i)], want = x / (1.0 + std::exp(-x)) * u[size_t(i)];
+    EXPECT_NEAR(y[size_t(i)], want, 4e-7 * std::abs(want) + 1e-30) << "x=" << x;
+  }
+  // Pieces of 1..11 elements: every element bitwise equal to the whole-row result.
+  std::vector<float> pieces(g.size());
+  for (int64_t i = 0, len = 1; i < n; i += len, len = len % 11 + 1) {
+    const int64_t m = std::min(len, n - i);
+    ops::silu_mul(g.data() + i, m, u.data() + i, m, 1, m, pieces.data() + i);
+  }
+  EXPECT_EQ(pieces, y);
+}
+
 }  // namespace
 }  // namespace kiln::engine
