@@ -53,14 +53,15 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
           for (int e = 0; e < dv; ++e) Vc[size_t(i * dv + e)] = vi[e];
         }
         auto beta = [&](int i) { return Acc(a.beta[(c0 + i) * a.Hv + j]); };
-        cpu::gemm_f64(n, n, dk, 1.0, Kc.data(), dk, Kt.data(), n, 0.0, KK.data(), n);
-        cpu::gemm_f64(n, n, dk, 1.0, Qc.data(), dk, Kt.data(), n, 0.0, QK.data(), n);
+        // Only the lower triangles are used: entries above the diagonal are not computed.
+        cpu::gemm_f64(n, n, dk, 1.0, Kc.data(), dk, Kt.data(), n, 0.0, KK.data(), n, cpu::Triangle::lower_c);
+        cpu::gemm_f64(n, n, dk, 1.0, Qc.data(), dk, Kt.data(), n, 0.0, QK.data(), n, cpu::Triangle::lower_c);
         // A_il = β_i (k_i·k_l) e^{Γ_i−Γ_l} (l < i), kept in KK; QK masked to l ≤ i and decayed.
         for (int i = 0; i < n; ++i)
           for (int l = 0; l < n; ++l) {
             const Acc decay = l <= i ? std::exp(G[size_t(i)] - G[size_t(l)]) : 0.0;
             KK[size_t(i * n + l)] = l < i ? beta(i) * KK[size_t(i * n + l)] * decay : 0.0;
-            QK[size_t(i * n + l)] *= decay;
+            QK[size_t(i * n + l)] = l <= i ? QK[size_t(i * n + l)] * decay : 0.0;
           }
         // Tinv = (I + A)⁻¹, unit lower triangular: row i from the rows above it.
         for (int i = 0; i < n; ++i) {
@@ -80,8 +81,8 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
           for (int e = 0; e < dv; ++e) Vc[size_t(i * dv + e)] *= b;
           for (int d = 0; d < dk; ++d) Kc[size_t(i * dk + d)] *= bg;
         }
-        cpu::gemm_f64(n, dv, n, 1.0, Tinv.data(), n, Vc.data(), dv, 0.0, U.data(), dv);
-        cpu::gemm_f64(n, dk, n, 1.0, Tinv.data(), n, Kc.data(), dk, 0.0, W.data(), dk);
+        cpu::gemm_f64(n, dv, n, 1.0, Tinv.data(), n, Vc.data(), dv, 0.0, U.data(), dv, cpu::Triangle::lower_a);
+        cpu::gemm_f64(n, dk, n, 1.0, Tinv.data(), n, Kc.data(), dk, 0.0, W.data(), dk, cpu::Triangle::lower_a);
         // V' = U − W S₀
         std::copy(U.begin(), U.begin() + size_t(n) * dv, Vp.begin());
         cpu::gemm_f64(n, dv, dk, -1.0, W.data(), dk, S.data(), dv, 1.0, Vp.data(), dv);
@@ -91,7 +92,7 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
           for (int d = 0; d < dk; ++d) Qc[size_t(i * dk + d)] *= eg;
         }
         cpu::gemm_f64(n, dv, dk, 1.0, Qc.data(), dk, S.data(), dv, 0.0, O.data(), dv);
-        cpu::gemm_f64(n, dv, n, 1.0, QK.data(), n, Vp.data(), dv, 1.0, O.data(), dv);
+        cpu::gemm_f64(n, dv, n, 1.0, QK.data(), n, Vp.data(), dv, 1.0, O.data(), dv, cpu::Triangle::lower_a);
         for (int i = 0; i < n; ++i) {
           float* out = a.out + ((c0 + i) * a.Hv + j) * dv;
           for (int e = 0; e < dv; ++e) out[e] = float(O[size_t(i * dv + e)]);

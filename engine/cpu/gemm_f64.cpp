@@ -1,5 +1,7 @@
 #include "engine/cpu/gemm_f64.h"
 
+#include <algorithm>
+
 #include "engine/cpu/cpu_features.h"
 
 #if defined(__x86_64__)
@@ -23,7 +25,7 @@ namespace {
 
 // R rows × 8 columns of C.
 template <int R>
-__attribute__((target("avx2,fma"))) inline void tile(int k, double alpha, const double* A, int lda, const double* B,
+__attribute__((target("avx2,fma"), always_inline)) inline void tile(int k, double alpha, const double* A, int lda, const double* B,
                                                      int ldb, double beta, double* C, int ldc) {
   __m256d acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_pd();
@@ -46,12 +48,15 @@ __attribute__((target("avx2,fma"))) inline void tile(int k, double alpha, const 
 }
 
 __attribute__((target("avx2,fma"))) void gemm_f64_avx2(int m, int n, int k, double alpha, const double* A, int lda,
-                                                       const double* B, int ldb, double beta, double* C, int ldc) {
+                                                       const double* B, int ldb, double beta, double* C, int ldc,
+                                                       Triangle shape) {
+  // lower_a: rows i..i+R−1 need p < i + R; lower_c: a column slab starting at j needs rows ≥ j.
+  auto depth = [&](int i, int R) { return shape == Triangle::lower_a ? std::min(k, i + R) : k; };
   const int n8 = n / 8 * 8;
   for (int j = 0; j < n8; j += 8) {
-    int i = 0;
-    for (; i + 4 <= m; i += 4) tile<4>(k, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
-    for (; i < m; ++i) tile<1>(k, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
+    int i = shape == Triangle::lower_c ? std::min(j, m) / 4 * 4 : 0;
+    for (; i + 4 <= m; i += 4) tile<4>(depth(i, 4), alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
+    for (; i < m; ++i) tile<1>(depth(i, 1), alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
   }
   if (n8 < n) gemm_f64_ref(m, n - n8, k, alpha, A, lda, B + n8, ldb, beta, C + n8, ldc);
 }
@@ -60,11 +65,12 @@ __attribute__((target("avx2,fma"))) void gemm_f64_avx2(int m, int n, int k, doub
 #endif
 
 void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb, double beta,
-              double* C, int ldc) {
+              double* C, int ldc, Triangle shape) {
 #if defined(__x86_64__)
   static const bool avx2 = cpu_features().has_avx2_set();
-  if (avx2) return gemm_f64_avx2(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (avx2) return gemm_f64_avx2(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
 #endif
+  (void)shape;  // the plain loops compute every entry, every term
   gemm_f64_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 

@@ -7,8 +7,14 @@
 
 namespace kiln::engine::cpu {
 
+// Triangles the chunk math knows of, so the products skip work that is zero or unused:
+//   lower_a: A is lower triangular (A[i][p] = 0 for p > i, so k ≥ m): row i sums p ≤ i only.
+//            Exactly the full product (the skipped terms are +0).
+//   lower_c: only C[i][j] for j ≤ i is wanted; entries above the diagonal are left unspecified.
+enum class Triangle { none, lower_a, lower_c };
+
 void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb, double beta,
-              double* C, int ldc);
+              double* C, int ldc, Triangle shape = Triangle::none);
 void gemm_f64_ref(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb,
                   double beta, double* C, int ldc);
 

@@ -37,5 +37,34 @@ TEST(KernelGemmF64, FastMatchesReferenceIncludingTails) {
   }
 }
 
+// The triangle shapes skip only terms that are zero (lower_a) or entries that are unused
+// (lower_c): what they compute is bit for bit the full product's.
+TEST(KernelGemmF64, TriangleShapesEqualTheFullProductWhereDefined) {
+  std::mt19937 rng(4);
+  std::normal_distribution<double> nd(0, 1);
+  for (const int m : {1, 5, 8, 13, 64})
+    for (const int n : {3, 8, 17, 128}) {
+      const int k = m;  // lower_a: A is m × m lower triangular
+      std::vector<double> A(size_t(m) * k), B(size_t(k) * n), C0(size_t(m) * n);
+      for (int i = 0; i < m; ++i)
+        for (int p = 0; p < k; ++p) A[size_t(i * k + p)] = p <= i ? nd(rng) : 0.0;
+      for (auto& v : B) v = nd(rng);
+      for (auto& v : C0) v = nd(rng);
+      auto full = C0, tri = C0;
+      gemm_f64(m, n, k, -1.0, A.data(), k, B.data(), n, 1.0, full.data(), n);
+      gemm_f64(m, n, k, -1.0, A.data(), k, B.data(), n, 1.0, tri.data(), n, Triangle::lower_a);
+      EXPECT_EQ(tri, full) << "lower_a m=" << m << " n=" << n;
+
+      // lower_c: a square product, compared on and below the diagonal only.
+      std::vector<double> X(size_t(m) * 7), Y(size_t(7) * m), Cf(size_t(m) * m, 0.0), Cl(size_t(m) * m, 0.0);
+      for (auto& v : X) v = nd(rng);
+      for (auto& v : Y) v = nd(rng);
+      gemm_f64(m, m, 7, 1.0, X.data(), 7, Y.data(), m, 0.0, Cf.data(), m);
+      gemm_f64(m, m, 7, 1.0, X.data(), 7, Y.data(), m, 0.0, Cl.data(), m, Triangle::lower_c);
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j <= i; ++j) ASSERT_EQ(Cl[size_t(i * m + j)], Cf[size_t(i * m + j)]) << "lower_c m=" << m << " " << i << "," << j;
+    }
+}
+
 }  // namespace
 }  // namespace kiln::engine::cpu
