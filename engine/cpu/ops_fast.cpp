@@ -546,8 +546,10 @@ __attribute__((target("avx2,fma"))) void paged_items_avx2(const PagedArgs& a, in
 // are rescaled once per block when the block raises the max (flash-decoding's online softmax).
 void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_t T, int64_t n_kv, int Hq, int Hkv,
                      int D, float scale, float* out) {
-  // An item is one (query token, KV head, key split): the `group` query heads of that KV head
-  // share every K/V row read (GQA: reading it per query head would stream the cache group×).
+  // An item is one (query token, KV head, key split) — on AVX2 with D % 16 == 0 one (query
+  // token, key split) over every KV head, so each page is read as one contiguous block: the
+  // `group` query heads of a KV head share every K/V row read (GQA: reading it per query head
+  // would stream the cache group×).
   // Decode has only Hkv (token, KV head) pairs, too few to occupy the threads over a long
   // context, so keys are also split page-aligned across items (flash-decoding) and the splits'
   // partial softmax states (m, l, acc) are merged afterwards.
