@@ -117,6 +117,10 @@ int main(int argc, char** argv) {
               kt->name, pool.size());
   std::printf("# measured read bandwidth: %.1f GB/s (%d threads, %.0f MiB buffer)\n", bw.gb_per_s, bw.threads,
               bw.bytes / 1048576.0);
+  const MultiplyRate mr = measure_multiply_rate();
+  std::printf("# integer multiply (one thread): %.2f vpmaddwd/ns at ~%.2f GHz = %.2f per cycle; the q8/q4 panel "
+              "kernel needs 2 per 32 products, so one core peaks at %.0f G products/s\n",
+              mr.madd_per_ns, mr.clock_ghz, mr.madd_per_cycle, mr.madd_per_ns * 16);
   {
     // Fork/join: a section of one 5 µs chunk per thread, as many times as a decode step has
     // sections; the cost is the time beyond 5 µs (an empty section would let the caller run every

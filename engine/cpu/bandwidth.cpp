@@ -125,4 +125,54 @@ BandwidthResult measure_read_bandwidth(int threads, size_t buffer_bytes, int pas
   return BandwidthResult{static_cast<double>(total) / best_s / 1e9, total, threads};
 }
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) double madd_per_ns(int64_t iterations) {
+  // Eight chains: enough to cover a 3-4 cycle latency on two ports, few enough to stay in
+  // registers (twelve spilled to the stack and measured the spills instead).
+  constexpr int kChains = 8;
+  __m256i acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_epi16(int16_t(i + 1));
+  const __m256i x = _mm256_set1_epi16(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_madd_epi16(acc[i], x);
+  }
+  const double s = seconds_since(t0);
+  int sink = 0;
+  for (const __m256i& a : acc) sink += _mm256_extract_epi32(a, 0);
+  asm volatile("" : : "r"(sink));
+  return double(iterations) * kChains / s / 1e9;
+}
+
+double clock_ghz(int64_t iterations) {
+  int64_t x = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t n = 0; n < iterations; ++n)
+    asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));  // 4 dependent cycles
+  return double(iterations) * 4 / seconds_since(t0) / 1e9;
+}
+#endif
+
+}  // namespace
+
+MultiplyRate measure_multiply_rate() {
+  MultiplyRate r;
+#if defined(__x86_64__)
+  if (!cpu_features().avx2) return r;
+  for (int pass = 0; pass < 3; ++pass) {  // best of three: a busy machine only lowers them
+    r.madd_per_ns = std::max(r.madd_per_ns, madd_per_ns(30'000'000));
+    r.clock_ghz = std::max(r.clock_ghz, clock_ghz(100'000'000));
+  }
+  r.madd_per_cycle = r.madd_per_ns / r.clock_ghz;
+#endif
+  return r;
+}
+
 }  // namespace kiln::engine::cpu

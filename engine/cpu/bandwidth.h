@@ -19,4 +19,15 @@ struct BandwidthResult {
 BandwidthResult measure_read_bandwidth(int threads, size_t buffer_bytes = size_t{1} << 30,
                                        int passes = 6);
 
+// The integer multiply rate behind the q8/q4 kernels, on the calling thread: eight independent
+// chains of vpmaddwd (16 int16 products each) against the core clock, taken from a chain of
+// dependent adds (one per cycle). The prefill panel kernel needs two per 32 weight × activation
+// products, so `madd_per_cycle` bounds it. Zeros when the CPU has no AVX2.
+struct MultiplyRate {
+  double madd_per_ns = 0.0;
+  double clock_ghz = 0.0;
+  double madd_per_cycle = 0.0;
+};
+MultiplyRate measure_multiply_rate();
+
 }  // namespace kiln::engine::cpu
