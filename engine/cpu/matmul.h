@@ -23,11 +23,13 @@
 namespace kiln::engine::cpu {
 
 // How the q8/q4 kernels split work by token count, for callers sizing row ranges: up to
-// kQuantStreamMaxTokens tokens they stream rows (any range works well); from one more they
-// unpack panels of kQuantPanelRows rows, so a range should be a multiple of it. Measured on the
-// bench model with 8 batched sessions: panels from 5 tokens gave 64-78 tok/s aggregate against
-// 61-63 with streaming up to 8 (the panel tile needs ~0.16 instructions per weight and token,
-// the streaming one ~0.25, the panel's unpacking ~0.3 per weight once).
+// kQuantStreamMaxTokens tokens they stream rows (any range works well); from one more they work
+// kQuantPanelRows rows at a time, so a range should be a multiple of it. 5-8 tokens: two
+// streaming passes (4 tokens, then the rest) over each 16 rows, the second from L1; 9 or more:
+// unpacked int16 panels. Measured on the bench model, 8 batched sessions, 4 interleaved runs
+// each: two passes gave 66-70 tok/s aggregate against 58-66 with panels from 5 tokens (the
+// unpacking, ~0.3 instructions per weight, is not repaid by 5-8 tokens). A single 8-token
+// streaming kernel was slower still (61-63): its per-token block sums spill.
 inline constexpr int64_t kQuantStreamMaxTokens = 4;
 inline constexpr int64_t kQuantPanelRows = 16;
 

@@ -1,6 +1,6 @@
 // q8 and q4 products on AVX2: a streaming kernel for decode (one to four tokens: each weight
-// block is read and widened once for all of them) and a register-blocked matrix-matrix kernel
-// for prefill and batches (five tokens or more).
+// block is read and widened once for all of them; five to eight in two passes) and a
+// register-blocked matrix-matrix kernel for prefill (nine tokens or more).
 //
 // Both compute every output with the same floating-point operations, in the same order, as
 // matmul_ref.cpp's definition, so an output does not depend on how many tokens share the call
@@ -18,7 +18,10 @@
 // stream at half the read bandwidth). For a few tokens this costs less than unpacking a panel
 // (batched decode: most experts see one to three tokens).
 //
-// More tokens: weights are unpacked once per 16-row panel to int16, interleaved so that one
+// Five to eight tokens: two streaming passes per 16 rows (tokens 0-3, then the rest); the second
+// reads the rows from L1, so weights still leave memory once, and nothing is unpacked.
+//
+// Nine or more: weights are unpacked once per 16-row panel to int16, interleaved so that one
 // 32-byte vector holds one pair of columns of 8 rows; each column pair of a token is broadcast as one
 // int32 and vpmaddwd gives the pair's products for 8 rows at once. A 16-row × 4-token tile
 // keeps 8 int32 accumulators per block in registers (no horizontal sums at all); at the end of
@@ -330,17 +333,41 @@ void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
   }
 }
 
+// Tokens [t0, t0 + n) of x.
+inline MatmulInput token_range(const MatmulInput& x, int64_t t0, int64_t n) {
+  MatmulInput v = x;
+  v.n = v.q16.n = n;
+  v.q16.q += t0 * x.k;
+  v.q16.block_sum += t0 * (x.k / kQuantBlock);
+  v.q16.d += t0;
+  return v;
+}
+
 template <class F>
-void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (r1 <= r0 || x.n <= 0) return;
-  static_assert(kQuantStreamMaxTokens == 4, "the cases below");
+void stream(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   switch (x.n) {
     case 1: return matvec<F, 1>(w, x, y, ldy, r0, r1);
     case 2: return matvec<F, 2>(w, x, y, ldy, r0, r1);
     case 3: return matvec<F, 3>(w, x, y, ldy, r0, r1);
-    case 4: return matvec<F, 4>(w, x, y, ldy, r0, r1);
-    default: return matmat<F>(w, x, y, ldy, r0, r1);
+    default: return matvec<F, 4>(w, x, y, ldy, r0, r1);
   }
+}
+
+template <class F>
+void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || x.n <= 0) return;
+  static_assert(kQuantStreamMaxTokens == 4, "the cases below");
+  if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1);
+  if (x.n <= 8) {  // two streaming passes over 16 rows at a time; the second reads them from L1
+    const MatmulInput lo = token_range(x, 0, 4), hi = token_range(x, 4, x.n - 4);
+    for (int64_t r = r0; r < r1; r += kPanelRows) {
+      const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
+      stream<F>(w, lo, y, ldy, r, re);
+      stream<F>(w, hi, y + 4 * ldy, ldy, r, re);
+    }
+    return;
+  }
+  matmat<F>(w, x, y, ldy, r0, r1);
 }
 
 }  // namespace
