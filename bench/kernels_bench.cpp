@@ -5,6 +5,7 @@
 //
 //   build/bin/kernels_bench [--threads N] [--reps R] [--tokens T] [--table ref|avx2|best]
 //                           [--formats q8,q4,bf16,f32] [--pool-mib M]
+//                           [--attn-tokens T] [--attn-context N]
 //
 // Decode rows (T = 1): issue 9's bench shapes — 1024×1024 (attention/GDN projections), 512×1024
 // (expert gate/up), 1024×512 (expert down), 32768×1024 (lm_head) — plus one big matrix. A decode
@@ -13,7 +14,8 @@
 // is the engine's (ThreadPool::parallel_for over 4-row tiles), so each row includes one fork/join.
 // GB/s = stored weight bytes / time, from the best and the median repetition.
 // Prefill rows: T tokens through 512×1024 and 4096×1024; GFLOP/s = 2·N·K·T / time.
-// Every kernel is checked against the reference before it is timed.
+// Every kernel is checked against the reference before it is timed. Last, prefill attention:
+// the last T tokens of an N-token prompt (default 512 of 4,096) on the bench shape's heads.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +31,7 @@
 #include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/thread_pool.h"
+#include "engine/ops.h"
 
 using namespace kiln::engine::cpu;
 using kiln::engine::ThreadPool;
@@ -51,6 +54,7 @@ struct Options {
   int reps = 20;
   int tokens = 64;
   int pool_mib = 512;
+  int attn_tokens = 512, attn_context = 4096;
   std::string table = "best";
   std::vector<WeightFormat> formats = {WeightFormat::q8, WeightFormat::q4, WeightFormat::bf16, WeightFormat::f32};
 };
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::max(1, std::atoi(v.c_str()));
     else if (a == "--tokens") o.tokens = std::max(2, std::atoi(v.c_str()));
     else if (a == "--pool-mib") o.pool_mib = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--attn-tokens") o.attn_tokens = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--attn-context") o.attn_context = std::max(1, std::atoi(v.c_str()));
     else if (a == "--table") o.table = v;
     else if (a == "--formats") {
       o.formats.clear();
@@ -211,6 +217,30 @@ int main(int argc, char** argv) {
         emit(s, n, summarize(times));
       }
     }
+  }
+
+  // Prefill attention (ops::attention): the last --attn-tokens tokens of an --attn-context-token
+  // prompt against every earlier key, issue 9's bench shape (8 query / 2 KV heads of 256). Causal
+  // multiply-adds: Hq·D·Σ_t (keys seen by t), twice (scores and values); GFLOP/s = 2·that / time.
+  {
+    const int Hq = 8, Hkv = 2, D = 256;
+    const int64_t T = o.attn_tokens, n_kv = std::max<int64_t>(o.attn_context, T);
+    std::vector<float> q(size_t(T * Hq * D)), k(size_t(n_kv * Hkv * D)), v(k.size()), out(q.size());
+    for (auto* buf : {&q, &k, &v})
+      for (auto& e : *buf) e = dist(rng) * 30;
+    double macs = 0;
+    for (int64_t t = 0; t < T; ++t) macs += 2.0 * Hq * D * double(n_kv - T + t + 1);
+    std::vector<double> times;
+    for (int rep = 0; rep < std::max(3, o.reps / 4); ++rep) {
+      const double t0 = now_s();
+      kiln::engine::ops::attention(&pool, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 1.0f / 16, out.data());
+      times.push_back(now_s() - t0);
+    }
+    const Timing t = summarize(times);
+    std::printf("\n| op | shape | best ms | median ms | GFLOP/s best |\n|---|---|---:|---:|---:|\n");
+    std::printf("| prefill attention | %lld queries over %lld keys, %d/%d heads of %d | %.2f | %.2f | %.1f |\n",
+                static_cast<long long>(T), static_cast<long long>(n_kv), Hq, Hkv, D, t.best * 1e3, t.median * 1e3,
+                2 * macs / t.best / 1e9);
   }
   return 0;
 }

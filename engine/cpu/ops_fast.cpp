@@ -418,19 +418,21 @@ __attribute__((target("avx2,fma"))) void attention_blocks_avx2(const AttentionAr
 
 void attention(ThreadPool* pool, const float* q, const float* k, const float* v, int64_t T, int64_t n_kv, int Hq,
                int Hkv, int D, float scale, float* out) {
-  const int64_t n_tb = (T + kQueryBlock - 1) / kQueryBlock, items = int64_t(Hkv) * n_tb;
   if (cpu::cpu_features().has_avx2_set() && cpu::avx2::tiled_attention_supports(D)) {
+    const int64_t qb = cpu::avx2::prefill_query_tokens(Hq / Hkv);
+    const int64_t n_qb = (T + qb - 1) / qb, n_items = int64_t(Hkv) * n_qb;
     const cpu::avx2::PrefillAttention args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
     auto work = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        const int64_t t0 = (i % n_tb) * kQueryBlock;
-        cpu::avx2::prefill_attention_block(args, int(i / n_tb), t0, std::min(kQueryBlock, T - t0));
+        const int64_t t0 = (i % n_qb) * qb;
+        cpu::avx2::prefill_attention_block(args, int(i / n_qb), t0, std::min(qb, T - t0));
       }
     };
-    if (pool) pool->parallel_for(items, 1, work);
-    else work(0, items);
+    if (pool) pool->parallel_for(n_items, 1, work);
+    else work(0, n_items);
     return;
   }
+  const int64_t n_tb = (T + kQueryBlock - 1) / kQueryBlock, items = int64_t(Hkv) * n_tb;
   const AttentionArgs args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
   static const auto blocks = cpu::cpu_features().has_avx2_set() ? attention_blocks_avx2 : attention_blocks_base;
   auto work = [&](int64_t b, int64_t e) {

@@ -73,7 +73,9 @@ TEST(Ops, AttentionMatchesReference) {
          {std::tuple<int64_t, int64_t, int, int>{1, 1, 2, 1}, {1, 40, 4, 2}, {9, 9, 6, 2}, {5, 30, 4, 4},
           // several query blocks (16 tokens) and key blocks (64 keys), partial at both ends,
           // with and without a cached prefix; an odd row count (3 tokens × 1 head)
-          {37, 37, 8, 2}, {40, 200, 4, 1}, {70, 135, 2, 2}, {3, 130, 1, 1}}) {
+          {37, 37, 8, 2}, {40, 200, 4, 1}, {70, 135, 2, 2}, {3, 130, 1, 1},
+          // two query blocks of the AVX2 kernel (96 rows at group 1)
+          {100, 150, 2, 2}}) {
       auto q = randn(size_t(T * Hq * D), 1), k = randn(size_t(n_kv * Hkv * D), 2), v = randn(size_t(n_kv * Hkv * D), 3);
       std::vector<float> o(q.size()), o1(q.size()), r(q.size());
       ops::attention(&pool, q.data(), k.data(), v.data(), T, n_kv, Hq, Hkv, D, 0.25f, o.data());
