@@ -16,7 +16,7 @@
 // scalar (a 4-cycle dependent FMA per element): a 4,096-token prefill spent ~27% of its time there.
 //
 // Decode (paged_attention_split): one call is one token's split of 256 keys over every KV head,
-// a page (16 tokens) at a time: scores as 4-row × 2-key tiles, softmax, values as 8-column tiles
+// a page (16 tokens) at a time: scores as 4-row × 2-key tiles, softmax, values as 16-column tiles
 // of up to 4 rows. The next page's K and V blocks are prefetched a few lines per tile across the
 // current page's work. Per-head items that fetched each page in bursts read the cache at ~8 GB/s;
 // this reaches the weights' streaming rate (decode at 8k context 20 → 34 tok/s on the bench model).
@@ -164,20 +164,31 @@ inline void paged_scores(const float* q, int D, const uint8_t* k0, const uint8_t
   }
 }
 
-// acc_g = c_g·acc_g + Σ_j p[g][j]·V[j] for NG rows, 8 columns at a time (acc_g at part + g·(D+2)).
+// acc_g = c_g·acc_g + Σ_j p[g][j]·V[j] for NG rows, 16 columns at a time (acc_g at part +
+// g·(D+2)): two vectors per row, so up to 8 accumulators cover the FMA latency.
 template <class Rows, int NG>
 inline void paged_values(const float* p, int64_t ls, const uint8_t* const* vrows, int64_t cnt, int D,
                          const float* c, float* part, PagePrefetch& pf) {
-  for (int d = 0; d < D; d += 8) {
+  for (int d = 0; d < D; d += 16) {
     pf.pump();
-    __m256 acc[NG];
-    for (int g = 0; g < NG; ++g)
-      acc[g] = _mm256_mul_ps(_mm256_set1_ps(c[g]), _mm256_loadu_ps(part + g * (D + 2) + d));
-    for (int64_t j = 0; j < cnt; ++j) {
-      const __m256 v = Rows::load8(vrows[j], d);
-      for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * ls + j), v, acc[g]);
+    __m256 acc[NG][2];
+    for (int g = 0; g < NG; ++g) {
+      const __m256 cg = _mm256_set1_ps(c[g]);
+      acc[g][0] = _mm256_mul_ps(cg, _mm256_loadu_ps(part + g * (D + 2) + d));
+      acc[g][1] = _mm256_mul_ps(cg, _mm256_loadu_ps(part + g * (D + 2) + d + 8));
     }
-    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(part + g * (D + 2) + d, acc[g]);
+    for (int64_t j = 0; j < cnt; ++j) {
+      const __m256 v0 = Rows::load8(vrows[j], d), v1 = Rows::load8(vrows[j], d + 8);
+      for (int g = 0; g < NG; ++g) {
+        const __m256 pj = _mm256_broadcast_ss(p + g * ls + j);
+        acc[g][0] = _mm256_fmadd_ps(pj, v0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(pj, v1, acc[g][1]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      _mm256_storeu_ps(part + g * (D + 2) + d, acc[g][0]);
+      _mm256_storeu_ps(part + g * (D + 2) + d + 8, acc[g][1]);
+    }
   }
 }
 
@@ -243,7 +254,7 @@ void paged_split(const float* q, const ops::PagedKv& kv, int Hkv, int group, int
     }
     if (p0 + P < k_end)
       pf.start(kv.k_pages[p0 / P + 1], kv.v_pages[p0 / P + 1], std::min(P, k_end - p0 - P) * row_bytes,
-               Hkv * row_groups * ((cnt + 1) / 2 + D / 8));
+               Hkv * row_groups * ((cnt + 1) / 2 + D / 16));
     for (int kh = 0; kh < Hkv; ++kh) {
       const int64_t head = int64_t(kh) * D * Rows::kBytes;
       for (int g0 = 0; g0 < group; g0 += 4) {  // rows four at a time: 8 score accumulators
