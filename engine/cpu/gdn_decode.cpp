@@ -35,13 +35,14 @@ void conv_channels(const GdnDecodeArgs& a, int64_t C, int64_t c0, int64_t n, flo
     const float* wc = a.conv_w + ch * K;
     float acc = 0;
     for (int s = 0; s < K; ++s) acc += wc[s] * window[s];
-    out[ch - c0] = silu(acc);
+    out[ch - c0] = acc;
     for (int s = 0; s < K - 1; ++s) {  // shift: the oldest input leaves, x enters
       const size_t i = size_t(s * C + ch);
       if (a.conv_bf16) reinterpret_cast<uint16_t*>(a.conv_state)[i] = f32_to_bf16(window[s + 1]);
       else reinterpret_cast<float*>(a.conv_state)[i] = window[s + 1];
     }
   }
+  silu_inplace(out, n);  // as conv1d_silu applies it
 }
 
 }  // namespace

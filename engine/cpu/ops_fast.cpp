@@ -313,7 +313,23 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, int64_
   }
 }
 
+__attribute__((target("avx2,fma"))) void silu_inplace_avx2(float* x, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, silu_mul8(_mm256_loadu_ps(x + i), one));
+  if (i == n) return;
+  alignas(32) float t[8] = {};
+  for (int64_t k = 0; k < n - i; ++k) t[k] = x[i + k];
+  _mm256_store_ps(t, silu_mul8(_mm256_load_ps(t), one));
+  for (int64_t k = 0; k < n - i; ++k) x[i + k] = t[k];
+}
+
 }  // namespace
+
+void silu_inplace(float* x, int64_t n) {
+  if (cpu::cpu_features().has_avx2_set()) return silu_inplace_avx2(x, n);
+  for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
+}
 
 void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
               float* y) {

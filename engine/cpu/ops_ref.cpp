@@ -119,7 +119,7 @@ void conv1d_silu(const float* x, int64_t T, int64_t C, int K, const float* w, fl
       const float* tap = &taps[size_t(s * C)];
       for (int64_t ch = 0; ch < C; ++ch) o[ch] += tap[ch] * row[ch];
     }
-    for (int64_t ch = 0; ch < C; ++ch) o[ch] = silu(o[ch]);
+    silu_inplace(o, C);  // shared with the fused decode step (ops_fast.cpp: vector e^x)
   }
   // New history: window rows T..T+K−2. Row s takes row T+s ≥ s, which (when it is itself
   // history) has not been overwritten yet.

@@ -178,7 +178,7 @@ TEST(ThreadPool, CoversEveryIndexOnceFromManyCallers) {
 
 // silu_mul against silu(g)·u in double: within a few float ulps across the whole range (vector
 // e^x on AVX2), exact limits far out, and the same bits for an element wherever a row is split.
-TEST(Ops, SiluMulMatchesDoubleEverywhereAndIgnoresSplits) {
+TEST(Ops, SiluMatchesDoubleEverywhereAndIgnoresSplits) {
   std::vector<float> g, u;
   for (int i = -2000; i <= 2000; ++i) g.push_back(float(i) * 0.05f), u.push_back(1.0f + float(i % 7) * 0.25f);
   for (float x : {-200.0f, -88.0f, -87.0f, 88.0f, 89.0f, 200.0f, 1e-30f, -1e-30f, 0.0f})
@@ -197,6 +197,14 @@ TEST(Ops, SiluMulMatchesDoubleEverywhereAndIgnoresSplits) {
     ops::silu_mul(g.data() + i, m, u.data() + i, m, 1, m, pieces.data() + i);
   }
   EXPECT_EQ(pieces, y);
+  // silu_inplace (the conv's SiLU) is silu_mul with u = 1, bit for bit, in any pieces too.
+  std::vector<float> ones(g.size(), 1.0f), with_ones(g.size()), inplace = g, inplace_pieces = g;
+  ops::silu_mul(g.data(), n, ones.data(), n, 1, n, with_ones.data());
+  ops::silu_inplace(inplace.data(), n);
+  EXPECT_EQ(inplace, with_ones);
+  for (int64_t i = 0, len = 3; i < n; i += len, len = len % 13 + 1)
+    ops::silu_inplace(inplace_pieces.data() + i, std::min(len, n - i));
+  EXPECT_EQ(inplace_pieces, with_ones);
 }
 
 }  // namespace
