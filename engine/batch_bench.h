@@ -24,6 +24,7 @@ struct BatchBenchOptions {
   std::vector<int> sessions = {1, 2, 4, 8, 16};
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 32;
+  int runs = 1;  // decode rounds per concurrency (gen_tokens each); the median round is reported
   int64_t prefill_chunk = 512;
   int64_t fairness_prompt_tokens = 4096;  // 0: skip the fairness check
   int fairness_decoders = 4;
@@ -55,6 +56,7 @@ struct BatchBenchReport {
   std::string weights;
   int threads = 0;
   int64_t prompt_tokens = 0, gen_tokens = 0, prefill_chunk = 0;
+  int runs = 1;  // decode rounds per concurrency; rows hold the median round
   std::vector<BatchBenchRow> rows;
   std::optional<FairnessReport> fairness;
 

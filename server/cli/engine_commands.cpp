@@ -339,7 +339,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
   add_model_args(sub, *a);
   sub->add_option("--prompt-tokens", a->prompt_tokens, "Prompt length");
   sub->add_option("--gen-tokens", a->gen_tokens, "Decoded tokens per run (per session with --sessions)");
-  sub->add_option("--runs", a->runs, "Runs (the median is reported)");
+  sub->add_option("--runs", a->runs, "Runs (the median is reported); with --sessions, decode rounds per concurrency");
   sub->add_option("--sessions", a->sessions,
                   "Concurrencies to measure batched decoding at, e.g. 1,2,4,8,16 (sessions on their own threads)");
   sub->add_option("--prefill-chunk", a->prefill_chunk, "With --sessions: prefill tokens per scheduler step");
@@ -360,6 +360,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
       common(o);
       o.prefill_chunk = a->prefill_chunk;
       o.fairness_prompt_tokens = a->fairness_prompt;
+      o.runs = a->runs;
       std::vector<int32_t> counts;
       std::string bad;
       if (!parse_ids(a->sessions, counts, bad)) return void(fail(ctx, "bench", "--sessions: `" + bad + "` is not a number"));
@@ -371,7 +372,8 @@ void add_bench(CLI::App& engine, Context& ctx) {
         ctx.out << r->to_table("kiln engine bench --model " + a->model + " --weights " + a->weights + " --threads " +
                                std::to_string(a->threads) + " --sessions " + a->sessions + " --prompt-tokens " +
                                std::to_string(a->prompt_tokens) + " --gen-tokens " + std::to_string(a->gen_tokens) +
-                               " --prefill-chunk " + std::to_string(a->prefill_chunk) + " --fairness-prompt " +
+                               " --runs " + std::to_string(a->runs) + " --prefill-chunk " +
+                               std::to_string(a->prefill_chunk) + " --fairness-prompt " +
                                std::to_string(a->fairness_prompt));
       return;
     }

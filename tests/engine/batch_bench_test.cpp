@@ -1,0 +1,58 @@
+// The batching bench (issue 10's `kiln engine bench --sessions`) as a report: one row per
+// concurrency with the figures the issue names, the median of several decode rounds, and the
+// fairness check's fields. What it asserts is the report's content and consistency, never a
+// speed.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/batch_bench.h"
+#include "test_models.h"
+
+namespace kiln::engine {
+namespace {
+
+TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
+  TinyModelOptions tiny;
+  tiny.max_position_embeddings = 512;
+  const std::string dir = testing::make_model(tiny);
+  BatchBenchOptions o;
+  o.model_dir = dir;
+  o.threads = 2;
+  o.sessions = {1, 2, 3};
+  o.prompt_tokens = 12;
+  o.gen_tokens = 4;
+  o.runs = 3;
+  o.prefill_chunk = 16;
+  o.fairness_prompt_tokens = 40;
+  o.fairness_decoders = 2;
+  auto r = run_batch_bench(o);
+  ASSERT_TRUE(r) << r.error();
+  ASSERT_EQ(r->rows.size(), 3u);
+  EXPECT_EQ(r->runs, 3);
+  for (size_t i = 0; i < r->rows.size(); ++i) {
+    const BatchBenchRow& row = r->rows[i];
+    EXPECT_EQ(row.n, o.sessions[i]);
+    EXPECT_GT(row.aggregate_tok_s, 0);
+    EXPECT_GT(row.per_session_tok_s, 0);
+    EXPECT_GT(row.step_ms, 0);
+    EXPECT_GT(row.prefill_tok_s, 0);
+    // Each of the n sessions routes each token to top_k experts: between top_k and
+    // min(experts, n·top_k) distinct experts per layer per step.
+    EXPECT_GE(row.experts_per_layer, tiny.top_k - 1e-9);
+    EXPECT_LE(row.experts_per_layer, std::min(tiny.experts, row.n * tiny.top_k) + 1e-9);
+  }
+  ASSERT_TRUE(r->fairness.has_value());
+  EXPECT_EQ(r->fairness->prompt_tokens, 40);
+  EXPECT_EQ(r->fairness->chunk_tokens, 16);
+  EXPECT_GT(r->fairness->chunk_alone_ms, 0);
+
+  const auto j = nlohmann::json::parse(r->to_json());
+  EXPECT_EQ(j.at("runs"), 3);
+  ASSERT_EQ(j.at("sessions").size(), 3u);
+  for (const char* key : {"n", "aggregate_tok_s", "per_session_tok_s", "step_ms", "experts_per_layer"})
+    EXPECT_TRUE(j.at("sessions")[0].contains(key)) << key;
+  EXPECT_NE(r->to_table("cmd").find("median of 3 rounds"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::engine
