@@ -2,9 +2,9 @@
 // block of keys, online softmax (running max m, sum l, output rescaled when m rises), then the
 // weighted values; the full score matrix never exists and every FMA does useful work.
 //
-// Prefill (prefill_attention_block): one call covers ~96 rows of one KV head (prefill_query_tokens);
-// its rows are every (token, query head of that KV head's group), so all of them share each key
-// and value row. Per block of 64 keys:
+// Prefill (prefill_attention_block): one call covers ~96 rows of one KV head
+// (prefill_query_tokens); its rows are every (token, query head of that KV head's group), so all
+// of them share each key and value row. Per block of 64 keys:
 //   - scores: 3-row × 4-key register tiles, a dot product over D in 8 lanes each, reduced with
 //     one hadd tree per row into its four scores. The key tile stays in L1 while every row
 //     group passes over it.
@@ -54,10 +54,10 @@ struct PagedScratch {
   float *q, *s;
 };
 
-PagedScratch paged_scratch(int64_t group, int64_t D, int64_t page_tokens) {
+PagedScratch paged_scratch(int64_t rows, int64_t D, int64_t page_tokens) {
   thread_local std::vector<float> q, s;
-  if (q.size() < static_cast<size_t>(group * D)) q.resize(static_cast<size_t>(group * D));
-  if (s.size() < static_cast<size_t>(group * page_tokens)) s.resize(static_cast<size_t>(group * page_tokens));
+  if (q.size() < static_cast<size_t>(rows * D)) q.resize(static_cast<size_t>(rows * D));
+  if (s.size() < static_cast<size_t>(rows * page_tokens)) s.resize(static_cast<size_t>(rows * page_tokens));
   return {q.data(), s.data()};
 }
 
@@ -89,8 +89,7 @@ inline float hadd(__m256 v) {
 }
 
 // Scores of rows q[0..2] against keys kp[0..3]: s[i][j..j+3] for row i. Three rows × four keys
-// keep 12 accumulators and each K and q vector is loaded once per step (7 loads for 12 FMAs; two
-// rows loaded each key twice and left the loop waiting on loads).
+// keep 12 accumulators (enough for the FMA latency) and load each K and q vector once per step.
 inline void score_tile(const float* const* q, const float* const* kp, int D, float* const* s) {
   __m256 a[3][4];
   for (int r = 0; r < 3; ++r)
