@@ -47,21 +47,30 @@ __attribute__((target("avx2,fma"), always_inline)) inline void tile(int k, doubl
     }
 }
 
+// Rows [i, i + R) of C over every column slab (lower_c: only slabs starting at or before the
+// tile's last row).
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void row_tile(int i, int n8, int k, double alpha,
+                                                                        const double* A, int lda, const double* B,
+                                                                        int ldb, double beta, double* C, int ldc,
+                                                                        Triangle shape) {
+  const int depth = shape == Triangle::lower_a ? std::min(k, i + R) : k;  // lower_a: p < i + R
+  const int j_end = shape == Triangle::lower_c ? std::min(n8, (i + R + 7) / 8 * 8) : n8;
+  for (int j = 0; j < j_end; j += 8) tile<R>(depth, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
+}
+
 __attribute__((target("avx2,fma"))) void gemm_f64_avx2(int m, int n, int k, double alpha, const double* A, int lda,
                                                        const double* B, int ldb, double beta, double* C, int ldc,
                                                        Triangle shape) {
-  // lower_a: rows i..i+R−1 need p < i + R; lower_c: a column slab starting at j needs rows ≥ j.
-  auto depth = [&](int i, int R) { return shape == Triangle::lower_a ? std::min(k, i + R) : k; };
+  // Row tiles outer, column slabs inner: a tile's rows of A (R·k doubles) stay in L1 while B
+  // streams past as whole vectors (column slabs outer re-read all of A from L2 per slab, eight
+  // bytes per broadcast). Six rows: twelve accumulators cover the 4-cycle FMA latency at two
+  // FMAs a cycle. Every entry still sums its k terms in order: the tiling never changes a result.
   const int n8 = n / 8 * 8;
-  for (int j = 0; j < n8; j += 8) {
-    int i = shape == Triangle::lower_c ? std::min(j, m) : 0;
-    // Six rows: twelve accumulators cover the 4-cycle FMA latency at two FMAs a cycle (eight
-    // left each chain waiting); every entry still sums its k terms in order, so the tile shape
-    // never changes a result.
-    for (; i + 6 <= m; i += 6) tile<6>(depth(i, 6), alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
-    for (; i + 4 <= m; i += 4) tile<4>(depth(i, 4), alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
-    for (; i < m; ++i) tile<1>(depth(i, 1), alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
-  }
+  int i = 0;
+  for (; i + 6 <= m; i += 6) row_tile<6>(i, n8, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+  for (; i + 4 <= m; i += 4) row_tile<4>(i, n8, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+  for (; i < m; ++i) row_tile<1>(i, n8, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
   if (n8 < n) gemm_f64_ref(m, n - n8, k, alpha, A, lda, B + n8, ldb, beta, C + n8, ldc);
 }
 
