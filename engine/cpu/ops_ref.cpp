@@ -33,12 +33,16 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, bool zero
 }
 
 void rms_norm_gated(const float* x, const float* z, int64_t rows, int64_t n, const float* w, double eps, float* y) {
+  thread_local std::vector<float> gate;  // silu(z) of one row; grown once
+  gate.resize(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
     const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * inv * w[i] * silu(z[r * n + i]);
+    std::copy(z + r * n, z + (r + 1) * n, gate.begin());
+    silu_inplace(gate.data(), n);  // the shared SiLU (ops_fast.cpp: vector e^x)
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * inv * w[i] * gate[size_t(i)];
   }
 }
 
