@@ -30,9 +30,15 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
   const int r = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
   constexpr int C = kDeltaRuleChunk;
   auto head = [&](int64_t j0, int64_t j1) {
-    std::vector<Acc> G(C), Kc(size_t(C) * dk), Qc(size_t(C) * dk), Kt(size_t(dk) * C), Vc(size_t(C) * dv),
-        KK(C * C), QK(C * C), Tinv(C * C), U(size_t(C) * dv), W(size_t(C) * dk), Vp(size_t(C) * dv),
-        O(size_t(C) * dv), S(size_t(dk) * dv);
+    // Per-thread scratch, grown once (~0.7 MB at dk = dv = 128): allocating and zeroing it per
+    // call cost a memset and, past malloc's mmap threshold, page faults every layer. Every
+    // element read below is written first in the same chunk.
+    thread_local std::vector<Acc> G, Kc, Qc, Kt, Vc, KK, QK, Tinv, U, W, Vp, O, S;
+    for (auto [v, size] : {std::pair{&G, size_t(C)}, {&Kc, size_t(C) * dk}, {&Qc, size_t(C) * dk},
+                           {&Kt, size_t(dk) * C}, {&Vc, size_t(C) * dv}, {&KK, size_t(C) * C}, {&QK, size_t(C) * C},
+                           {&Tinv, size_t(C) * C}, {&U, size_t(C) * dv}, {&W, size_t(C) * dk}, {&Vp, size_t(C) * dv},
+                           {&O, size_t(C) * dv}, {&S, size_t(dk) * dv}})
+      if (v->size() < size) v->resize(size);
     for (int64_t j = j0; j < j1; ++j) {
       float* state = a.state + j * dk * dv;
       std::copy(state, state + dk * dv, S.begin());
