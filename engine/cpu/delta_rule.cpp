@@ -111,7 +111,7 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
         }
         cpu::gemm_f64(dk, dv, n, 1.0, Kt.data(), n, Vp.data(), dv, std::exp(gn), S.data(), dv);
       }
-      for (size_t i = 0; i < S.size(); ++i) state[i] = float(S[i]);
+      for (int64_t i = 0; i < int64_t(dk) * dv; ++i) state[i] = float(S[size_t(i)]);  // S may be larger
     }
   };
   if (pool) pool->parallel_for(a.Hv, 1, head);

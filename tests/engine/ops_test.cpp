@@ -126,6 +126,29 @@ TEST(Ops, ChunkedDeltaRuleMatchesRecurrentAcrossChunkBoundaries) {
   }
 }
 
+// The chunked rule keeps per-thread scratch sized for the largest heads it has seen: a later
+// call with smaller heads must write exactly its own state and outputs (a guard after each stays
+// untouched). ASan found the state write-back once running over the old, larger size.
+TEST(Ops, ChunkedDeltaRuleWritesOnlyItsOwnStateAfterLargerHeads) {
+  for (const int d : {32, 8}) {  // larger heads first: the scratch grows, then is reused
+    const int64_t T = 70;
+    const int Hk = 1, Hv = 2, dk = d, dv = d;
+    auto q = randn(size_t(T * Hk * dk), 20), k = randn(size_t(T * Hk * dk), 21), v = randn(size_t(T * Hv * dv), 22);
+    ops::l2_norm(q.data(), T * Hk, dk, 1e-6, 1.0f / std::sqrt(float(dk)));
+    ops::l2_norm(k.data(), T * Hk, dk, 1e-6, 1.0f);
+    std::vector<float> beta(size_t(T * Hv), 0.5f), g(size_t(T * Hv), -0.1f);
+    constexpr float kGuard = 12345.0f;
+    const size_t state_n = size_t(Hv) * dk * dv, out_n = size_t(T * Hv * dv);
+    std::vector<float> state(state_n + 64, kGuard), out(out_n + 64, kGuard);
+    std::fill(state.begin(), state.begin() + state_n, 0.0f);
+    ops::DeltaRuleArgs a{T, Hk, Hv, dk, dv, q.data(), k.data(), v.data(), Hk * dk, Hk * dk, Hv * dv,
+                         beta.data(), g.data(), state.data(), out.data()};
+    ops::gated_delta_rule_chunked(nullptr, a);  // on this thread: the scratch is this thread's
+    for (size_t i = state_n; i < state.size(); ++i) ASSERT_EQ(state[i], kGuard) << "d=" << d << " state+" << i;
+    for (size_t i = out_n; i < out.size(); ++i) ASSERT_EQ(out[i], kGuard) << "d=" << d << " out+" << i;
+  }
+}
+
 TEST(Ops, ConvCarriesStateAcrossCalls) {
   const int64_t C = 5, T = 7;
   const int K = 4;
