@@ -9,6 +9,7 @@
 // compares each pair. Ops with a ThreadPool* may use it (nullptr = single thread).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "engine/cpu/thread_pool.h"
@@ -164,6 +165,18 @@ inline float silu(float x) { return x * sigmoid(x); }
 // every element computed alike wherever it sits in x (conv1d_silu and the fused GDN decode step
 // both use it, so prefill and decode see the same bits).
 void silu_inplace(float* x, int64_t n);
+
+// A Gated DeltaNet head's gates for one token (model-spec §3.6) from its projections a and b:
+// beta = σ(b), decay g = −e^{A_log}·softplus(a + dt_bias) ≤ 0. One definition for prefill and
+// the fused decode step, so both see the same bits.
+struct GdnGates {
+  float beta, g;
+};
+inline GdnGates gdn_gates(float a, float b, float A_log, float dt_bias) {
+  const float u = a + dt_bias;
+  const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
+  return {sigmoid(b), -std::exp(A_log) * softplus};
+}
 
 }  // namespace ops
 }  // namespace kiln::engine

@@ -65,10 +65,8 @@ void gated_delta_net_decode(ThreadPool* pool, const GdnDecodeArgs& a) {
       l2_norm(k, 1, dk, 1e-6, 1.0f);
       for (int i = 0; i < r; ++i) {
         const int64_t j = m * r + i;
-        const float u = a.a[j] + a.dt_bias[j];
-        const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
-        beta[i] = sigmoid(a.b[j]);
-        g[i] = -std::exp(a.A_log[j]) * softplus;
+        const GdnGates gates = gdn_gates(a.a[j], a.b[j], a.A_log[j], a.dt_bias[j]);
+        beta[i] = gates.beta, g[i] = gates.g;
       }
       float* out = a.out + m * r * dv;
       const DeltaRuleArgs d{1,    1,    r,    dk,   dv,   q,   k, v, dk, dk, int64_t(r) * dv, beta, g,

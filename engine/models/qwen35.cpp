@@ -192,10 +192,8 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
     for (int64_t t = r0; t < r0 + T; ++t)
       for (int j = 0; j < Hv; ++j) {
         const size_t x = size_t(t * Hv + j);
-        const float u = alpha[x] + w.dt_bias[size_t(j)];
-        const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
-        beta[x] = ops::sigmoid(b[x]);
-        g[x] = -std::exp(w.A_log[size_t(j)]) * softplus;  // ≤ 0: decay γ = e^g ≤ 1
+        const ops::GdnGates gates = ops::gdn_gates(alpha[x], b[x], w.A_log[size_t(j)], w.dt_bias[size_t(j)]);
+        beta[x] = gates.beta, g[x] = gates.g;  // g ≤ 0: decay γ = e^g ≤ 1
       }
   }
   // The lambda may run on pool workers: it names this thread's buffers only through these.
