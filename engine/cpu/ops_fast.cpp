@@ -298,42 +298,32 @@ __attribute__((target("avx2,fma"))) inline __m256 silu_mul8(__m256 x, __m256 u) 
   return _mm256_mul_ps(_mm256_mul_ps(x, s), u);
 }
 
-__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, int64_t g_stride, const float* up,
-                                                        int64_t u_stride, int64_t rows, int64_t n, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *g = gate + r * g_stride, *u = up + r * u_stride;
-    float* out = y + r * n;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
-    if (i == n) continue;
-    alignas(32) float gt[8] = {}, ut[8] = {};
-    for (int64_t k = 0; k < n - i; ++k) gt[k] = g[i + k], ut[k] = u[i + k];
-    _mm256_store_ps(gt, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
-    for (int64_t k = 0; k < n - i; ++k) out[i + k] = gt[k];
-  }
-}
-
-__attribute__((target("avx2,fma"))) void silu_inplace_avx2(float* x, int64_t n) {
+// One row: out[i] = silu(g[i])·u[i] (u == nullptr: ·1). out may alias g.
+__attribute__((target("avx2,fma"))) void silu_row_avx2(const float* g, const float* u, float* out, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, silu_mul8(_mm256_loadu_ps(x + i), one));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(g + i), u ? _mm256_loadu_ps(u + i) : one));
   if (i == n) return;
-  alignas(32) float t[8] = {};
-  for (int64_t k = 0; k < n - i; ++k) t[k] = x[i + k];
-  _mm256_store_ps(t, silu_mul8(_mm256_load_ps(t), one));
-  for (int64_t k = 0; k < n - i; ++k) x[i + k] = t[k];
+  alignas(32) float gt[8] = {}, ut[8] = {};
+  for (int64_t k = 0; k < n - i; ++k) gt[k] = g[i + k], ut[k] = u ? u[i + k] : 1.0f;
+  _mm256_store_ps(gt, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+  for (int64_t k = 0; k < n - i; ++k) out[i + k] = gt[k];
 }
 
 }  // namespace
 
 void silu_inplace(float* x, int64_t n) {
-  if (cpu::cpu_features().has_avx2_set()) return silu_inplace_avx2(x, n);
+  if (cpu::cpu_features().has_avx2_set()) return silu_row_avx2(x, nullptr, x, n);
   for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
 }
 
 void silu_mul(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, int64_t rows, int64_t n,
               float* y) {
-  if (cpu::cpu_features().has_avx2_set()) return silu_mul_avx2(gate, g_stride, up, u_stride, rows, n, y);
+  if (cpu::cpu_features().has_avx2_set()) {
+    for (int64_t r = 0; r < rows; ++r) silu_row_avx2(gate + r * g_stride, up + r * u_stride, y + r * n, n);
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) y[r * n + i] = silu(gate[r * g_stride + i]) * up[r * u_stride + i];
 }
