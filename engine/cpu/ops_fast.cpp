@@ -68,28 +68,6 @@ inline float dot(const float* x, const float* w, int64_t K) {
   return s;
 }
 
-// The same dot product in AVX2+FMA (four 8-wide accumulators). Attention's `omp simd` dot above
-// was left scalar by the compiler inside the AVX2 copies (a 4-cycle FMA chain per element), so
-// they call this one explicitly (a call: it cannot be inlined into their target-less body).
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* x, const float* w, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= K; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(w + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(w + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(w + i + 24), a3);
-  }
-  for (; i + 8 <= K; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float r = _mm_cvtss_f32(h);
-  for (; i < K; ++i) r += x[i] * w[i];
-  return r;
-}
-
 // bf16, q8 and q4 weights go to the kernel tables of engine/cpu/matmul.h (SIMD chosen by
 // CPUID; activations quantized to int16 once per call for q8/q4); f32 and f16 take this
 // widening path.
@@ -338,20 +316,21 @@ struct AttentionArgs {
   float* out;
 };
 
-// Prefill attention, blocked like flash attention so each K/V row is read once per block of
-// queries instead of once per query row (a 512-token chunk over an 8k context otherwise streams
-// ~16 MB of K/V from memory for each of its 4,096 (token, head) rows). An item is one KV head and
+// Portable prefill attention (CPUs without AVX2, or head sizes attention_avx2 does not take),
+// blocked like flash attention so each K/V row is read once per block of queries instead of once
+// per query row (a 512-token chunk over an 8k context otherwise streams ~16 MB of K/V from
+// memory for each of its 4,096 (token, head) rows). An item is one KV head and
 // up to kQueryBlock tokens: its rows are every (token, query head of that KV head's group), so
 // group·kQueryBlock rows share each key and value row while it sits in L1. Keys come in blocks of
 // kKeyBlock with an online softmax (running max m, sum l, output acc rescaled when the max
-// rises); the full score matrix never exists. Inlined into a baseline and an AVX2+FMA copy.
+// rises); the full score matrix never exists.
 constexpr int64_t kQueryBlock = 16, kKeyBlock = 64;
 
 struct AttentionScratch {
   std::vector<float> s, acc, m, l;
 };
 
-__attribute__((always_inline)) inline void attention_block(const AttentionArgs& a, int64_t item, AttentionScratch& w) {
+void attention_block(const AttentionArgs& a, int64_t item, AttentionScratch& w) {
   const int group = a.Hq / a.Hkv, D = a.D;
   const int64_t n_tb = (a.T + kQueryBlock - 1) / kQueryBlock;
   const int kh = int(item / n_tb);
@@ -412,13 +391,6 @@ __attribute__((always_inline)) inline void attention_block(const AttentionArgs& 
   }
 }
 
-void attention_blocks_base(const AttentionArgs& a, int64_t b, int64_t e, AttentionScratch& w) {
-  for (int64_t i = b; i < e; ++i) attention_block(a, i, w);
-}
-__attribute__((target("avx2,fma"))) void attention_blocks_avx2(const AttentionArgs& a, int64_t b, int64_t e,
-                                                              AttentionScratch& w) {
-  for (int64_t i = b; i < e; ++i) attention_block(a, i, w);
-}
 
 }  // namespace
 
@@ -440,10 +412,9 @@ void attention(ThreadPool* pool, const float* q, const float* k, const float* v,
   }
   const int64_t n_tb = (T + kQueryBlock - 1) / kQueryBlock, items = int64_t(Hkv) * n_tb;
   const AttentionArgs args{q, k, v, T, n_kv, Hq, Hkv, D, scale, out};
-  static const auto blocks = cpu::cpu_features().has_avx2_set() ? attention_blocks_avx2 : attention_blocks_base;
   auto work = [&](int64_t b, int64_t e) {
     thread_local AttentionScratch scratch;  // grows once per thread
-    blocks(args, b, e, scratch);
+    for (int64_t i = b; i < e; ++i) attention_block(args, i, scratch);
   };
   if (pool) pool->parallel_for(items, 1, work);
   else work(0, items);
@@ -456,9 +427,8 @@ constexpr int64_t kKeysPerSplit = 256;
 
 namespace {
 
-// One work item of attention_paged (a query token, KV head and key split): inlined into a
-// baseline and an AVX2+FMA copy, like attention_block above — decode attention over a few
-// hundred keys costs as much as a layer's projections when its dot products run 4 wide.
+// One work item of the portable attention_paged (a query token, KV head and key split), for
+// CPUs without AVX2 or head sizes attention_avx2 does not take.
 struct PagedArgs {
   const float* q;
   const PagedKv* kv;
@@ -474,8 +444,7 @@ struct PagedScratch {
   std::vector<float> kbuf, vbuf, s;
 };
 
-template <bool kAvx2>
-__attribute__((always_inline)) inline void paged_item(const PagedArgs& a, int64_t it, PagedScratch& w) {
+void paged_item(const PagedArgs& a, int64_t it, PagedScratch& w) {
   const PagedKv& kv = *a.kv;
   const int group = a.group, D = a.D, Hq = a.Hq, Hkv = a.Hkv;
   const int64_t P = a.P, splits = a.splits, pages_per_split = a.pages_per_split, part = a.part, T = a.T,
@@ -509,8 +478,7 @@ __attribute__((always_inline)) inline void paged_item(const PagedArgs& a, int64_
     for (int64_t j = 0; j < cnt; ++j) {
       const float* kj = row(kp, j, kbuf.data());
       for (int g = 0; g < group; ++g) {
-        if constexpr (kAvx2) s[size_t(g * P + j)] = dot_avx2(qg + g * D, kj, D) * scale;
-        else s[size_t(g * P + j)] = dot(qg + g * D, kj, D) * scale;
+        s[size_t(g * P + j)] = dot(qg + g * D, kj, D) * scale;
       }
     }
     for (int g = 0; g < group; ++g) {
@@ -539,13 +507,9 @@ __attribute__((always_inline)) inline void paged_item(const PagedArgs& a, int64_
   }
 }
 
-void paged_items_base(const PagedArgs& a, int64_t b, int64_t e, PagedScratch& w) {
+void paged_items(const PagedArgs& a, int64_t b, int64_t e, PagedScratch& w) {
   w.kbuf.resize(size_t(a.D)), w.vbuf.resize(size_t(a.D)), w.s.resize(size_t(a.group * a.P));
-  for (int64_t i = b; i < e; ++i) paged_item<false>(a, i, w);
-}
-__attribute__((target("avx2,fma"))) void paged_items_avx2(const PagedArgs& a, int64_t b, int64_t e, PagedScratch& w) {
-  w.kbuf.resize(size_t(a.D)), w.vbuf.resize(size_t(a.D)), w.s.resize(size_t(a.group * a.P));
-  for (int64_t i = b; i < e; ++i) paged_item<true>(a, i, w);
+  for (int64_t i = b; i < e; ++i) paged_item(a, i, w);
 }
 
 }  // namespace
@@ -575,7 +539,6 @@ void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_
   float* const partial = partial_buf.data();  // by pointer: workers would see their own thread_local
   const PagedArgs args{q, &kv, T, n_kv, Hq, Hkv, D, scale, group, P, pages_per_split, splits, part, partial};
   const bool tiled = cpu::cpu_features().has_avx2_set() && cpu::avx2::tiled_attention_supports(D);
-  static const auto items_fn = cpu::cpu_features().has_avx2_set() ? paged_items_avx2 : paged_items_base;
   auto work = [&](int64_t b, int64_t e) {
     if (tiled) {  // items (token, split), every KV head: partial keeps paged_item's layout
       for (int64_t it = b; it < e; ++it) {
@@ -588,7 +551,7 @@ void attention_paged(ThreadPool* pool, const float* q, const PagedKv& kv, int64_
       return;
     }
     thread_local PagedScratch scratch;  // grows once per thread
-    items_fn(args, b, e, scratch);
+    paged_items(args, b, e, scratch);
   };
   const int64_t items = tiled ? T * splits : T * Hkv * splits;
   if (pool) pool->parallel_for(items, 1, work);
