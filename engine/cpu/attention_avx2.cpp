@@ -26,6 +26,8 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/cpu/matmul.h"  // simd_tiles.h names WeightMatrix
+
 namespace kiln::engine::cpu::avx2 {
 namespace {
 
@@ -70,6 +72,7 @@ PagedScratch paged_scratch(int64_t rows, int64_t D, int64_t page_tokens) {
 #include <immintrin.h>
 
 #include "engine/cpu/simd_exp.h"
+#include "engine/cpu/simd_tiles.h"
 
 namespace kiln::engine::cpu::avx2 {
 namespace {
@@ -81,12 +84,7 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-inline float hadd(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using tiles::hsum;
 
 // Scores of rows q[0..2] against keys kp[0..3]: s[i][j..j+3] for row i. Three rows × four keys
 // keep 12 accumulators (enough for the FMA latency) and load each K and q vector once per step.
@@ -158,8 +156,8 @@ inline void paged_scores(const float* q, int D, const uint8_t* k0, const uint8_t
     }
   }
   for (int g = 0; g < NG; ++g) {
-    s[g * ls] = hadd(a[0][g]);
-    if (second) s[g * ls + 1] = hadd(a[1][g]);
+    s[g * ls] = hsum(a[0][g]);
+    if (second) s[g * ls + 1] = hsum(a[1][g]);
   }
 }
 
@@ -225,7 +223,7 @@ void page_rows(const float* q, const uint8_t* kp, const uint8_t* vp, int64_t row
       _mm256_store_ps(buf, exp8(_mm256_load_ps(buf)));
       for (int64_t i = 0; j + i < cnt; ++i) tail += (sg[j + i] = buf[i]);
     }
-    st[D + 1] = st[D + 1] * c[g] + (hadd(sum) + tail);
+    st[D + 1] = st[D + 1] * c[g] + (hsum(sum) + tail);
   }
   const uint8_t* vrows[64];
   for (int64_t j0 = 0; j0 < cnt; j0 += 64) {  // pages are 16 tokens by default; any size works
@@ -349,7 +347,7 @@ void prefill_attention_block(const PrefillAttention& a, int kh, int64_t t0, int6
         _mm256_storeu_ps(sr + j, p);
         sum = _mm256_add_ps(sum, p);
       }
-      w.l[r] = w.l[r] * w.c[r] + hadd(sum);
+      w.l[r] = w.l[r] * w.c[r] + hsum(sum);
     }
     // Values: O = c·O + P·V.
     for (int d = 0; d < D; d += 16) {

@@ -1,5 +1,6 @@
 // Helpers and row/token tiling shared by the SIMD matmul files (included only inside their
-// target-specific regions: matmul_avx2.cpp, matmul_quant_avx2.cpp, matmul_avx512.cpp). The
+// target-specific regions: matmul_avx2.cpp, matmul_quant_avx2.cpp, matmul_avx512.cpp;
+// attention_avx2.cpp takes hsum). The
 // f32/bf16 tiles use drive(); q8/q4 have their own loops in matmul_quant_avx2.cpp.
 //
 // A Tile type provides `template <int R, int T> static void run(w, r, x, t, y, ldy)`, computing
