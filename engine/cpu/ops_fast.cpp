@@ -4,6 +4,7 @@
 // Twins: matmul_ref, attention_ref in ops_ref.cpp.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -45,6 +46,34 @@ void for_each_job_rows(const std::vector<int64_t>& first_tile, int64_t b, int64_
     t = job_end;
   }
 }
+
+// The inputs of a grouped product, prepared once per distinct (x, T, K, block format): jobs
+// reading the same activations (q/k/v, gate/up, a decode step's experts) share one quantization,
+// a pure function of x, so the products are unchanged. Kept per calling thread and reused (the
+// deque keeps earlier buffers in place as it grows, so inputs handed out stay valid).
+class SharedInputs {
+ public:
+  void clear() { prepared_.clear(); }
+  cpu::MatmulInput get(const cpu::KernelTable& kt, cpu::WeightFormat f, const float* x, int64_t T, int64_t K) {
+    const bool block = cpu::is_block_format(f);
+    for (const Prepared& p : prepared_)
+      if (p.x == x && p.T == T && p.K == K && p.block == block) return p.in;
+    if (acts_.size() <= prepared_.size()) acts_.emplace_back();
+    const cpu::MatmulInput in = cpu::prepare_input(kt, f, x, T, K, acts_[prepared_.size()]);
+    prepared_.push_back({x, T, K, block, in});
+    return in;
+  }
+
+ private:
+  struct Prepared {
+    const float* x;
+    int64_t T, K;
+    bool block;  // q8/q4 read int16 activations, bf16 the f32 rows themselves
+    cpu::MatmulInput in;
+  };
+  std::deque<cpu::ActQ16Buffer> acts_;
+  std::vector<Prepared> prepared_;
+};
 
 // Four dot products sharing the loads of x.
 inline void dot4(const float* x, const float* w, int64_t K, float* s) {
@@ -139,15 +168,15 @@ void matmul(ThreadPool* pool, const float* x, int64_t T, const Matrix& w, float*
 
 void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
   const cpu::KernelTable& kt = cpu::kernels_best();
-  // Per calling thread, reused: one activation buffer per job, prefix sums of row tiles.
+  // Per calling thread, reused: the prepared inputs, prefix sums of row tiles.
   // (The workers must see the caller's instances: named through references, never directly.)
-  thread_local std::vector<cpu::ActQ16Buffer> acts_tls;
+  thread_local SharedInputs shared_tls;
   thread_local std::vector<cpu::MatmulInput> inputs_tls;
   thread_local std::vector<int64_t> first_tile_tls;
-  std::vector<cpu::ActQ16Buffer>& acts = acts_tls;
+  SharedInputs& shared = shared_tls;
   std::vector<cpu::MatmulInput>& inputs = inputs_tls;
   std::vector<int64_t>& first_tile = first_tile_tls;
-  if (int(acts.size()) < n_jobs) acts.resize(size_t(n_jobs));
+  shared.clear();
   inputs.assign(size_t(n_jobs), {});
   first_tile.assign(size_t(n_jobs) + 1, 0);
   int64_t macs = 0;
@@ -158,16 +187,7 @@ void matmul_group(ThreadPool* pool, const MatmulJob* jobs, int n_jobs) {
       first_tile[size_t(i) + 1] = first_tile[size_t(i)];
       continue;
     }
-    const cpu::WeightFormat f = *kernel_format(j.w->dtype);
-    // Jobs reading the same input (q/k/v, gate/up, a decode step's experts) share one
-    // quantization: it is a pure function of x, so the products are unchanged.
-    int same = -1;
-    for (int p = 0; p < i && same < 0; ++p)
-      if (jobs[p].x == j.x && jobs[p].T == j.T && jobs[p].w->cols == j.w->cols && kernel_format(jobs[p].w->dtype) &&
-          cpu::is_block_format(*kernel_format(jobs[p].w->dtype)) == cpu::is_block_format(f))
-        same = p;
-    inputs[size_t(i)] = same >= 0 ? inputs[size_t(same)]
-                                  : cpu::prepare_input(kt, f, j.x, j.T, j.w->cols, acts[size_t(i)]);
+    inputs[size_t(i)] = shared.get(kt, *kernel_format(j.w->dtype), j.x, j.T, j.w->cols);
     const int64_t tile_rows = kernel_tile_rows(j.T);
     first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.w->rows + tile_rows - 1) / tile_rows;
     macs += j.w->rows * j.w->cols * j.T;
@@ -206,38 +226,20 @@ void matmul_swiglu_group(ThreadPool* pool, const SwigluJob* jobs, int n_jobs) {
     if (!kernel_format(jobs[i].gate->dtype) || (jobs[i].up && !kernel_format(jobs[i].up->dtype))) return unfused();
   const cpu::KernelTable& kt = cpu::kernels_best();
   // Per calling thread, reused (workers name them through these references, never directly).
-  struct Prepared {
-    const float* x;
-    int64_t T, K;
-    bool block;  // q8/q4 read int16 activations, bf16 the f32 rows themselves
-    cpu::MatmulInput in;
-  };
-  thread_local std::vector<cpu::ActQ16Buffer> acts_tls;
-  thread_local std::vector<Prepared> prepared_tls;
+  thread_local SharedInputs shared_tls;
   thread_local std::vector<cpu::MatmulInput> gate_in_tls, up_in_tls;
   thread_local std::vector<int64_t> first_tile_tls;
-  std::vector<cpu::ActQ16Buffer>& acts = acts_tls;
-  std::vector<Prepared>& prepared = prepared_tls;
+  SharedInputs& shared = shared_tls;
   std::vector<cpu::MatmulInput>&gate_in = gate_in_tls, &up_in = up_in_tls;
   std::vector<int64_t>& first_tile = first_tile_tls;
-  if (acts.size() < size_t(2 * n_jobs)) acts.resize(size_t(2 * n_jobs));
-  prepared.clear();
+  shared.clear();
   gate_in.assign(size_t(n_jobs), {}), up_in.assign(size_t(n_jobs), {});
   first_tile.assign(size_t(n_jobs) + 1, 0);
-  // One quantization per distinct input (a decode step's experts all read the same token).
-  auto input_for = [&](const float* x, int64_t T, int64_t K, cpu::WeightFormat f) {
-    const bool block = cpu::is_block_format(f);
-    for (const Prepared& p : prepared)
-      if (p.x == x && p.T == T && p.K == K && p.block == block) return p.in;
-    const cpu::MatmulInput in = cpu::prepare_input(kt, f, x, T, K, acts[prepared.size()]);
-    prepared.push_back({x, T, K, block, in});
-    return in;
-  };
   int64_t macs = 0;
   for (int i = 0; i < n_jobs; ++i) {
     const SwigluJob& j = jobs[i];
-    gate_in[size_t(i)] = input_for(j.x, j.T, j.gate->cols, *kernel_format(j.gate->dtype));
-    if (j.up) up_in[size_t(i)] = input_for(j.x, j.T, j.up->cols, *kernel_format(j.up->dtype));
+    gate_in[size_t(i)] = shared.get(kt, *kernel_format(j.gate->dtype), j.x, j.T, j.gate->cols);
+    if (j.up) up_in[size_t(i)] = shared.get(kt, *kernel_format(j.up->dtype), j.x, j.T, j.up->cols);
     const int64_t tile_rows = kernel_tile_rows(j.T);
     first_tile[size_t(i) + 1] = first_tile[size_t(i)] + (j.gate->rows + tile_rows - 1) / tile_rows;
     macs += (j.up ? 2 : 1) * j.gate->rows * j.gate->cols * j.T;
