@@ -18,10 +18,7 @@ using testing::rel_l2;
 
 std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
+  return testing::randn(n, g, scale);
 }
 
 
