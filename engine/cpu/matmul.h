@@ -28,8 +28,8 @@ namespace kiln::engine::cpu {
 // streaming passes (4 tokens, then the rest) over each 16 rows, the second from L1; 9 or more:
 // unpacked int16 panels. Measured on the bench model, 8 batched sessions, 4 interleaved runs
 // each: two passes gave 66-70 tok/s aggregate against 58-66 with panels from 5 tokens (the
-// unpacking, ~0.3 instructions per weight, is not repaid by 5-8 tokens). A single 8-token
-// streaming kernel was slower still (61-63): its per-token block sums spill.
+// unpacking, ~0.3 instructions per weight, is not repaid by 5-8 tokens). (Measured with the
+// earlier streaming kernel, which reduced each block horizontally.)
 inline constexpr int64_t kQuantStreamMaxTokens = 4;
 inline constexpr int64_t kQuantPanelRows = 16;
 

@@ -15,6 +15,19 @@
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/matmul_quant_avx2.h"
 
+#include <vector>
+
+namespace kiln::engine::cpu {
+namespace {
+// Per-thread scratch for one row in natural order, before it is put in slot order (quant.h).
+uint8_t* natural_row_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+}  // namespace
+}  // namespace kiln::engine::cpu
+
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -110,7 +123,7 @@ inline __m256i round_pack_i8(const float* x, __m256 mul, __m256 sub, __m256 lo, 
 void quantize_row_q8_avx2(const float* src, uint8_t* dst, int64_t cols) {
   const int64_t nb = cols / kQuantBlock;
   auto* d = reinterpret_cast<uint16_t*>(dst);
-  uint8_t* q = dst + 2 * nb;
+  uint8_t* q = natural_row_scratch(static_cast<size_t>(cols));
   for (int64_t b = 0; b < nb; ++b) {
     const float* x = src + b * kQuantBlock;
     const uint16_t d16 = fp32_to_fp16(block_amax(x) / 127.0f);
@@ -121,13 +134,14 @@ void quantize_row_q8_avx2(const float* src, uint8_t* dst, int64_t cols) {
                                     _mm256_set1_ps(-127.0f), _mm256_set1_ps(127.0f));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), p);
   }
+  q8_to_slot_order(reinterpret_cast<const int8_t*>(q), reinterpret_cast<int8_t*>(dst + 2 * nb), nb);
 }
 
 void quantize_row_q4_avx2(const float* src, uint8_t* dst, int64_t cols) {
   const int64_t nb = cols / kQuantBlock;
   auto* d = reinterpret_cast<uint16_t*>(dst);
   uint16_t* m = d + nb;
-  uint8_t* q = dst + 4 * nb;
+  uint8_t* nib = natural_row_scratch(static_cast<size_t>(cols));
   for (int64_t b = 0; b < nb; ++b) {
     const float* x = src + b * kQuantBlock;
     __m256 lo = _mm256_loadu_ps(x), hi = lo;
@@ -151,9 +165,9 @@ void quantize_row_q4_avx2(const float* src, uint8_t* dst, int64_t cols) {
     m[b] = m16;
     const __m256i p = round_pack_i8(x, _mm256_set1_ps(id), _mm256_set1_ps(mm), _mm256_setzero_ps(),
                                     _mm256_set1_ps(15.0f));
-    const __m128i l = _mm256_castsi256_si128(p), h = _mm256_extracti128_si256(p, 1);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 16), _mm_or_si128(l, _mm_slli_epi16(h, 4)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(nib + b * kQuantBlock), p);
   }
+  q4_pack(nib, dst + 4 * nb, nb);
 }
 
 void quantize_acts_avx2(const float* x, int64_t k, int16_t* q, int32_t* block_sum, float* d) {
@@ -168,6 +182,7 @@ void quantize_acts_avx2(const float* x, int64_t k, int16_t* q, int32_t* block_su
   const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
   *d = dd;
   const __m256 mul = _mm256_set1_ps(id), lo = _mm256_set1_ps(-32767.0f), hi = _mm256_set1_ps(32767.0f);
+  int16_t* natural = reinterpret_cast<int16_t*>(natural_row_scratch(2 * static_cast<size_t>(k)));
   for (int64_t b = 0; b < k / kQuantBlock; ++b) {
     __m256i v[4];
     __m256i sum = _mm256_setzero_si256();
@@ -179,13 +194,14 @@ void quantize_acts_avx2(const float* x, int64_t k, int16_t* q, int32_t* block_su
     }
     const __m256i a = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xd8);
     const __m256i c = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[2], v[3]), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQuantBlock + 16), c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(natural + b * kQuantBlock), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(natural + b * kQuantBlock + 16), c);
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     block_sum[b] = _mm_cvtsi128_si32(s);
   }
+  q16_to_slot_order(natural, q, k / kQuantBlock);
 }
 
 void quantize_f32_copy(const float* src, uint8_t* dst, int64_t cols) {

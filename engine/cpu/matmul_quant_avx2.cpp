@@ -11,12 +11,14 @@
 //   y   = d_x · (((a_0 + a_4) + (a_2 + a_6)) + ((a_1 + a_5) + (a_3 + a_7)))
 // Integer sums are exact, so how a kernel arranges them never shows in the result.
 //
-// Streaming (T ≤ 4): one row at a time; a block's 32 products come from two vpmaddwd into 8
-// int32 lanes per token, eight blocks' lanes are reduced together by vphaddd into one vector
-// (lane j = block b0 + j) and scaled by the row's eight fp16 scales with one FMA: the a_j are
-// the lanes. Software prefetch runs 8 rows ahead (the hardware prefetcher alone leaves the
-// stream at half the read bandwidth). For a few tokens this costs less than unpacking a panel
-// (batched decode: most experts see one to three tokens).
+// Streaming (T ≤ 4): quants are in slot order (quant.h), so one 16-byte load per row holds pair p
+// of eight blocks; vpmaddwd against the tokens' matching activation pairs leaves block 8g+i's
+// partial sum in lane i, and after 16 pairs one FMA with the eight fp16 scales folds the group:
+// the a_j are the lanes, with no horizontal sum. Tiles of R rows × T tokens share each load
+// (~0.7 loads per multiply; on Zen 3 loads, not multiplies, bound this). Software prefetch runs
+// 8 rows ahead (the hardware prefetcher alone leaves the stream at half the read bandwidth). For
+// a few tokens this costs less than unpacking a panel (batched decode: most experts see one to
+// three tokens).
 //
 // Five to eight tokens: two streaming passes per 16 rows (tokens 0-3, then the rest); the second
 // reads the rows from L1, so weights still leave memory once, and nothing is unpacked.
@@ -78,7 +80,11 @@ using tiles::prefetch_span;
 struct Q8 {
   static constexpr bool kOffset = false;
   static const uint8_t* quants(const uint8_t* row, int64_t nb) { return row + 2 * nb; }
-  // Weights 0..15 and 16..31 of block b, sign-extended to int16.
+  // Pair p of the eight blocks of group g (slot order, quant.h) as int16: lane i is block 8g+i.
+  static __m256i group_pairs(const uint8_t* q, int64_t g, int p) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * 256 + p * 16)));
+  }
+  // Weights 0..15 and 16..31 of block b (a trailing block: natural order), sign-extended to int16.
   static void block(const uint8_t* q, int64_t b, __m256i& w0, __m256i& w1) {
     const auto* p = reinterpret_cast<const __m128i*>(q + b * kQuantBlock);
     w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p));
@@ -89,8 +95,14 @@ struct Q8 {
 struct Q4 {
   static constexpr bool kOffset = true;
   static const uint8_t* quants(const uint8_t* row, int64_t nb) { return row + 4 * nb; }
-  // Byte j holds weight j (low nibble) and 16 + j (high nibble): zero-extended to 16 bits,
-  // `& 15` and `>> 4` give both halves in order.
+  // A group's byte o holds slot o (low nibble) and o + 128 (high): pairs 0-7 are low nibbles.
+  static __m256i group_pairs(const uint8_t* q, int64_t g, int p) {
+    const __m256i v = _mm256_cvtepu8_epi16(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * 128 + (p & 7) * 16)));
+    return p < 8 ? _mm256_and_si256(v, _mm256_set1_epi16(0x0f)) : _mm256_srli_epi16(v, 4);
+  }
+  // A trailing block's byte j holds weight j (low nibble) and 16 + j (high nibble):
+  // zero-extended to 16 bits, `& 15` and `>> 4` give both halves in order.
   static void block(const uint8_t* q, int64_t b, __m256i& w0, __m256i& w1) {
     const __m256i v = _mm256_cvtepu8_epi16(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * (kQuantBlock / 2))));
@@ -128,77 +140,153 @@ inline __m256i reduce8(const __m256i* s) {
 }
 
 // ---- decode: one to four tokens, weights streamed once ----------------------------------------
-// Each block is loaded and widened once and multiplied with every token's activations; per
-// token, eight blocks' lanes are reduced together (reduce8) and scaled with one FMA.
+// A tile of R rows × NT tokens runs each group of eight blocks pair by pair: one load of pair p
+// (slot order) per row and one per token feed R·NT multiply-adds whose lanes are the eight blocks'
+// partial sums, so after 16 pairs lane i holds s_{8g+i} exactly and one FMA with the eight scales
+// folds the group into a_j. No horizontal sums, and ~0.7 loads per multiply (loads, not
+// multiplies, bound these kernels on Zen 3: ~1 256-bit load a cycle against ~1.9 vpmaddwd).
+// Trailing blocks (K not a multiple of 256) are natural order and go through stream_tail.
 constexpr int64_t kPrefetchRows = 8;
 
-// One group of eight blocks (kFull) or the row's last `cnt` blocks, folded into acc[NT].
-// kFull lets the compiler unroll the group completely with no per-block branch.
-template <class F, int NT, bool kFull>
-inline void stream_group(const uint16_t* d, const uint8_t* q, int64_t nb, int64_t b0, int64_t cnt,
-                         const int16_t* const* xq, const int32_t* const* xsum,
-                         const uint8_t* ahead, int64_t ahead_step, __m256* acc) {
-  __m256i s[NT][8];
-#pragma GCC unroll 8
-  for (int64_t i = 0; i < 8; ++i) {
-    if (!kFull && i >= cnt) {
-      for (int j = 0; j < NT; ++j) s[j][i] = _mm256_setzero_si256();
-      continue;
-    }
-    const int64_t b = b0 + i;
-    // One line request per block: a row's bytes per block (34 q8, 20 q4) are under a line,
-    // so consecutive blocks touch every line of the row kPrefetchRows ahead.
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + b * ahead_step), _MM_HINT_T0);
-    __m256i w0, w1;
-    F::block(q, b, w0, w1);
-    for (int j = 0; j < NT; ++j) {
-      const auto* xp = reinterpret_cast<const __m256i*>(xq[j] + b * kQuantBlock);
-      s[j][i] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
-                                 _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
-    }
-  }
-  const int64_t n = kFull ? 8 : cnt;
-  const __m256 dv = load_halfs(d + b0, n);
+// The row's trailing `cnt` (< 8) blocks from b0 (a multiple of 8), folded into acc[NT]: each
+// block's lanes per token are reduced by reduce8 and scaled with one FMA.
+template <class F, int NT>
+inline void stream_tail(const uint16_t* d, const uint8_t* q, int64_t nb, int64_t b0, int64_t cnt,
+                        const int16_t* const* xq, const int32_t* const* xsum, __m256* acc) {
   for (int j = 0; j < NT; ++j) {
-    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s[j])), dv, acc[j]);
+    __m256i s[8];
+    for (int64_t i = 0; i < 8; ++i) {
+      if (i >= cnt) {
+        s[i] = _mm256_setzero_si256();
+        continue;
+      }
+      __m256i w0, w1;
+      F::block(q, b0 + i, w0, w1);
+      const auto* xp = reinterpret_cast<const __m256i*>(xq[j] + (b0 + i) * kQuantBlock);
+      s[i] = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                              _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+    }
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), load_halfs(d + b0, cnt), acc[j]);
     if constexpr (F::kOffset)
-      acc[j] = _mm256_fmadd_ps(load_halfs(d + nb + b0, n), load_ints_as_floats(xsum[j] + b0, n), acc[j]);
+      acc[j] = _mm256_fmadd_ps(load_halfs(d + nb + b0, cnt), load_ints_as_floats(xsum[j] + b0, cnt), acc[j]);
   }
 }
 
-template <class F, int NT>
-void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t k = w.cols, nb = k / kQuantBlock;
+template <int R>
+constexpr int kPrefetchEvery = R >= 3 ? 1 : R == 2 ? 2 : 4;
+
+// Rows [r, r + R) × NT tokens.
+template <class F, int R, int NT>
+inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r,
+                        int64_t r_end) {
+  const int64_t k = w.cols, nb = k / kQuantBlock, groups = nb / 8;
   const int64_t stride = static_cast<int64_t>(w.stride());
-  const int64_t ahead_step = (stride + nb - 1) / nb;  // bytes of a row per block, rounded up
+  const uint16_t* d[R];
+  const uint8_t* q[R];
+  for (int i = 0; i < R; ++i) {
+    d[i] = reinterpret_cast<const uint16_t*>(w.row(r + i));
+    q[i] = F::quants(w.row(r + i), nb);
+  }
   const int16_t* xq[NT];
   const int32_t* xsum[NT];
   for (int j = 0; j < NT; ++j) {
     xq[j] = x.q16.q + j * k;
     xsum[j] = x.q16.block_sum + j * nb;
   }
-  // A range starts cold: request its first rows now, the loop keeps kPrefetchRows ahead.
-  for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = w.row(r);
-    const auto* d = reinterpret_cast<const uint16_t*>(row);
-    const uint8_t* q = F::quants(row, nb);
-    const uint8_t* ahead = row + kPrefetchRows * stride;  // past the matrix: prefetches never fault
-    __m256 acc[NT];
-    for (int j = 0; j < NT; ++j) acc[j] = _mm256_setzero_ps();
-    int64_t b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8) stream_group<F, NT, true>(d, q, nb, b0, 8, xq, xsum, ahead, ahead_step, acc);
-    if (b0 < nb) stream_group<F, NT, false>(d, q, nb, b0, nb - b0, xq, xsum, ahead, ahead_step, acc);
-    for (int j = 0; j < NT; ++j) y[j * ldy + r] = x.q16.d[j] * hsum(acc[j]);
+  // The rows kPrefetchRows ahead (within the range) are requested one line per pair step for
+  // four rows and more, every second or fourth step for fewer (a group of one q8 row is 4.25
+  // lines): spread out, since bursts of requests stall the loads behind them.
+  const int64_t ahead_rows = r + kPrefetchRows + R <= r_end ? R : (r + kPrefetchRows < r_end ? r_end - r - kPrefetchRows : 0);
+  const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
+  const int64_t ahead_lines = (ahead_rows * stride + 63) / 64;
+  int64_t sent = 0;
+  __m256 acc[R][NT];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i sum[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NT; ++j) sum[i][j] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) {
+      if (p % kPrefetchEvery<R> == 0 && sent < ahead_lines) _mm_prefetch(ahead + 64 * sent++, _MM_HINT_T0);
+      __m256i xv[NT];
+      for (int j = 0; j < NT; ++j)
+        xv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[j] + g * 256 + p * 16));
+      for (int i = 0; i < R; ++i) {
+        const __m256i wv = F::group_pairs(q[i], g, p);
+        for (int j = 0; j < NT; ++j) {
+          sum[i][j] = _mm256_add_epi32(sum[i][j], _mm256_madd_epi16(wv, xv[j]));
+          // Integer adds reassociate freely: without this GCC sums all 16 pairs' products as a
+          // tree at the end, keeping every product live (spilled) instead of one running sum.
+          asm("" : "+x"(sum[i][j]));
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + 8 * g)));
+      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][j]), dv, acc[i][j]);
+      if constexpr (F::kOffset) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + nb + 8 * g)));
+        for (int j = 0; j < NT; ++j)
+          acc[i][j] = _mm256_fmadd_ps(
+              mv, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[j] + 8 * g))), acc[i][j]);
+      }
+    }
   }
+  for (; sent < ahead_lines; ++sent) _mm_prefetch(ahead + 64 * sent, _MM_HINT_T0);
+  if (groups * 8 < nb)
+    for (int i = 0; i < R; ++i) stream_tail<F, NT>(d[i], q[i], nb, groups * 8, nb - groups * 8, xq, xsum, acc[i]);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = x.q16.d[j] * hsum(acc[i][j]);
+}
+
+// Rows per tile for NT tokens: R·NT accumulators, NT activation vectors and one weight vector fit
+// the 16 registers. One token (decode, bound by memory) streams a row at a time: in kernels_bench
+// four rows at once read no faster and sometimes slower.
+template <int NT>
+constexpr int kStreamRows = NT == 1 ? 1 : NT == 2 ? 4 : NT == 3 ? 3 : 2;
+
+template <class F, int NT>
+void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int R = kStreamRows<NT>;
+  // A range starts cold: request its first rows now, the tiles keep kPrefetchRows ahead.
+  const int64_t stride = static_cast<int64_t>(w.stride());
+  for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) stream_tile<F, R, NT>(w, x, y, ldy, r, r1);
+  for (; r < r1; ++r) stream_tile<F, 1, NT>(w, x, y, ldy, r, r1);
 }
 
 // ---- T > 4: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
 
-// Unpacks rows [r, r + n) (n ≤ 16; missing rows are zero) into the panel layout.
+// Transposes eight vectors of eight int32 (m[i] lane c) into col[c] lane i.
+inline void transpose8x8(const __m256i* m, __m256i* col) {
+  const __m256i t0 = _mm256_unpacklo_epi32(m[0], m[1]), t1 = _mm256_unpackhi_epi32(m[0], m[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(m[2], m[3]), t3 = _mm256_unpackhi_epi32(m[2], m[3]);
+  const __m256i t4 = _mm256_unpacklo_epi32(m[4], m[5]), t5 = _mm256_unpackhi_epi32(m[4], m[5]);
+  const __m256i t6 = _mm256_unpacklo_epi32(m[6], m[7]), t7 = _mm256_unpackhi_epi32(m[6], m[7]);
+  const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+  const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+  col[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+  col[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+  col[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+  col[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+  col[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+  col[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+  col[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+  col[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// Unpacks rows [r, r + n) (n ≤ 16; missing rows are zero) into the panel layout: pair p of block b
+// for 16 rows at p.w + b·512 + p·32. In a group, the eight rows' pair-p vectors (lanes = blocks)
+// transpose into one vector per block (lanes = rows); a trailing block's two halves (lanes =
+// pairs) transpose into one vector per pair.
 template <class F>
 void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const PanelScratch& p) {
-  const int64_t nb = w.cols / kQuantBlock;
+  const int64_t nb = w.cols / kQuantBlock, groups = nb / 8;
   for (int v = 0; v < 2; ++v) {
     const uint8_t* q[8];
     const uint16_t* d[8];
@@ -207,8 +295,16 @@ void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const PanelScratc
       q[i] = row < n ? F::quants(w.row(r + row), nb) : nullptr;
       d[i] = row < n ? reinterpret_cast<const uint16_t*>(w.row(r + row)) : nullptr;
     }
-    for (int64_t b = 0; b < nb; ++b) {
-      // rows × column pairs (as int32) → column pairs × rows: two 8×8 transposes.
+    __m256i m[8], col[8];
+    for (int64_t g = 0; g < groups; ++g)
+      for (int pr = 0; pr < 16; ++pr) {
+        for (int i = 0; i < 8; ++i) m[i] = q[i] ? F::group_pairs(q[i], g, pr) : _mm256_setzero_si256();
+        transpose8x8(m, col);
+        int16_t* out = p.w + (8 * g) * (kQuantBlock * kPanelRows) + v * 8 * 2 + pr * 2 * kPanelRows;
+        for (int c = 0; c < 8; ++c)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c * (kQuantBlock * kPanelRows)), col[c]);
+      }
+    for (int64_t b = groups * 8; b < nb; ++b) {
       __m256i lo[8], hi[8];
       for (int i = 0; i < 8; ++i) {
         if (q[i]) {
@@ -218,20 +314,7 @@ void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const PanelScratc
         }
       }
       for (int half = 0; half < 2; ++half) {
-        const __m256i* m = half ? hi : lo;
-        const __m256i t0 = _mm256_unpacklo_epi32(m[0], m[1]), t1 = _mm256_unpackhi_epi32(m[0], m[1]);
-        const __m256i t2 = _mm256_unpacklo_epi32(m[2], m[3]), t3 = _mm256_unpackhi_epi32(m[2], m[3]);
-        const __m256i t4 = _mm256_unpacklo_epi32(m[4], m[5]), t5 = _mm256_unpackhi_epi32(m[4], m[5]);
-        const __m256i t6 = _mm256_unpacklo_epi32(m[6], m[7]), t7 = _mm256_unpackhi_epi32(m[6], m[7]);
-        const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-        const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-        const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-        const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-        const __m256i col[8] = {
-            _mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
-            _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
-            _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
-            _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+        transpose8x8(half ? hi : lo, col);
         int16_t* out = p.w + b * (kQuantBlock * kPanelRows) + v * 16;
         for (int c = 0; c < 8; ++c)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (half * 8 + c) * 2 * kPanelRows), col[c]);
@@ -243,6 +326,24 @@ void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const PanelScratc
         p.d[b * kPanelRows + row] = d[i] ? _cvtsh_ss(d[i][b]) : 0.0f;
         if constexpr (F::kOffset) p.m[b * kPanelRows + row] = d[i] ? _cvtsh_ss(d[i][nb + b]) : 0.0f;
       }
+    }
+  }
+}
+
+// One block of a panel × NT tokens into acc (rows 0-7 and 8-15); token j's pair pr is the
+// int32 at xt[j] + xo + kPairStride·pr.
+template <int NT, int kPairStride>
+inline void panel_block(const int16_t* wb, const int16_t* const* xt, int64_t xo, __m256i (*acc)[NT]) {
+#pragma GCC unroll 4
+  for (int pr = 0; pr < kQuantBlock / 2; ++pr) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + pr * 2 * kPanelRows));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + pr * 2 * kPanelRows + 16));
+    for (int j = 0; j < NT; ++j) {
+      int32_t pair;
+      std::memcpy(&pair, xt[j] + xo + kPairStride * pr, 4);
+      const __m256i xv = _mm256_set1_epi32(pair);
+      acc[0][j] = _mm256_add_epi32(acc[0][j], _mm256_madd_epi16(w0, xv));
+      acc[1][j] = _mm256_add_epi32(acc[1][j], _mm256_madd_epi16(w1, xv));
     }
   }
 }
@@ -261,23 +362,16 @@ void panel_tile(const PanelScratch& p, const MatmulInput& x, int64_t t, float* y
         for (int i = 0; i < kPanelRows; ++i) a[j][l][i] = 0.0f;
   const int16_t* xt[NT];
   for (int j = 0; j < NT; ++j) xt[j] = x.q16.q + (t + j) * k;
+  const int64_t grouped = nb & ~int64_t{7};
   for (int64_t b = 0; b < nb; ++b) {
     __m256i acc[2][NT];
     for (int j = 0; j < NT; ++j) acc[0][j] = acc[1][j] = _mm256_setzero_si256();
     const int16_t* wb = p.w + b * (kQuantBlock * kPanelRows);
-    const int64_t xo = b * kQuantBlock;
-#pragma GCC unroll 4
-    for (int pr = 0; pr < kQuantBlock / 2; ++pr) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + pr * 2 * kPanelRows));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + pr * 2 * kPanelRows + 16));
-      for (int j = 0; j < NT; ++j) {
-        int32_t pair;
-        std::memcpy(&pair, xt[j] + xo + 2 * pr, 4);
-        const __m256i xv = _mm256_set1_epi32(pair);
-        acc[0][j] = _mm256_add_epi32(acc[0][j], _mm256_madd_epi16(w0, xv));
-        acc[1][j] = _mm256_add_epi32(acc[1][j], _mm256_madd_epi16(w1, xv));
-      }
-    }
+    // Pair pr of block b in the activations' slot order: 16 apart in a group, 2 apart after.
+    if (b < grouped)
+      panel_block<NT, 16>(wb, xt, (b >> 3) * 256 + (b & 7) * 2, acc);
+    else
+      panel_block<NT, 2>(wb, xt, b * kQuantBlock, acc);
     const int lane = static_cast<int>(b & 7);
     for (int v = 0; v < 2; ++v) {
       const __m256 d = _mm256_loadu_ps(p.d + b * kPanelRows + 8 * v);

@@ -57,7 +57,10 @@ void matmul_q8_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_
       float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
-        for (int64_t j = b * kQuantBlock; j < (b + 1) * kQuantBlock; ++j) s += q[j] * xq[j];
+        for (int64_t j = 0; j < kQuantBlock; ++j) {
+          const int64_t slot = quant_slot(nb, b, j);
+          s += q[slot] * xq[slot];
+        }
         a[b % 8] = std::fma(static_cast<float>(s), fp16_to_fp32(d[b]), a[b % 8]);
       }
       y[t * ldy + r] = x.q16.d[t] * fold_partial_sums(a);
@@ -77,9 +80,10 @@ void matmul_q4_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_
       float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
-        for (int64_t j = 0; j < 16; ++j) {
-          s += (q[b * 16 + j] & 0xf) * xq[b * kQuantBlock + j];
-          s += (q[b * 16 + j] >> 4) * xq[b * kQuantBlock + 16 + j];
+        for (int64_t j = 0; j < kQuantBlock; ++j) {
+          const int64_t slot = quant_slot(nb, b, j);
+          const Q4Place at = q4_place(nb, slot);
+          s += (at.high ? q[at.byte] >> 4 : q[at.byte] & 0xf) * xq[slot];
         }
         a[b % 8] = std::fma(static_cast<float>(s), fp16_to_fp32(d[b]), a[b % 8]);
         a[b % 8] = std::fma(fp16_to_fp32(m[b]), static_cast<float>(xs[b]), a[b % 8]);

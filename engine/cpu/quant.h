@@ -10,8 +10,15 @@
 //   q8    fp16 d[cols/32] | int8  q[cols]                    w = d·q          8.5 bits/weight
 //   q4    fp16 d[cols/32] | fp16 m[cols/32] | uint8 q[cols/2] w = m + d·q      5.0 bits/weight
 //
-// q4 packs two weights per byte: byte j of block b holds weight 32b+j in its low nibble and
-// weight 32b+16+j in its high nibble (so one 16-byte load unpacks to 32 weights in order).
+// Quants are kept in *slot order* (quant_slot below): blocks go in groups of eight, and inside
+// a group the two-weight pairs of its eight blocks interleave — pair p of block 8g+i sits at
+// slot 256g + 16p + 2i — so one 16-weight load holds pair p of eight blocks, and an integer
+// multiply-add of it leaves each block's partial sum in its own lane: a kernel never sums a
+// vector horizontally. Blocks after the last full group keep natural order (slot 32b + e).
+// q8 stores quant s at byte s. q4 packs two per byte, the low nibble of byte o of a span holding
+// slot o and its high nibble slot o + half: spans are the 256-slot groups (half 128) and the
+// single trailing blocks (half 16), so one 16-byte load unpacks to 32 slots in order.
+// Activations (ActQ16) use the same slot order, so a dot product pairs equal slots.
 // Scales come first and grouped so that eight of them convert with one instruction.
 //
 // Activations meeting quantized weights are quantized per token to int16 with one scale
@@ -46,6 +53,30 @@ inline size_t row_bytes(WeightFormat format, int64_t cols) {
   return 0;
 }
 
+// Slot of weight e (0..31) of block b in a row of nb blocks (see above).
+inline int64_t quant_slot(int64_t nb, int64_t b, int64_t e) {
+  if (b >= (nb & ~int64_t{7})) return b * 32 + e;
+  return (b >> 3) * 256 + (e >> 1) * 16 + (b & 7) * 2 + (e & 1);
+}
+// Where q4 keeps a slot: byte offset within the quants and which nibble.
+struct Q4Place {
+  int64_t byte;
+  bool high;
+};
+inline Q4Place q4_place(int64_t nb, int64_t slot) {
+  const int64_t grouped = (nb & ~int64_t{7}) * 32;
+  const int64_t span = slot < grouped ? 256 : 32;
+  const int64_t base = slot < grouped ? slot / 256 * 256 : grouped + (slot - grouped) / 32 * 32;
+  const int64_t o = slot - base, half = span / 2;
+  return {base / 2 + o % half, o >= half};
+}
+// Natural order (weight e of block b at 32b + e) → slot order, one row of nb blocks: the fast
+// quantizers compute natural order and reorder with these (defined once, outside any SIMD code).
+void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb);
+void q16_to_slot_order(const int16_t* natural, int16_t* slots, int64_t nb);
+// q4 nibble values (0..15, natural order) → the packed quants of one row.
+void q4_pack(const uint8_t* natural_nibbles, uint8_t* q, int64_t nb);
+
 // --- scalar conversions (exact IEEE round-to-nearest-even, same results as F16C) -------------
 uint16_t fp32_to_fp16(float f);
 float fp16_to_fp32(uint16_t h);
@@ -67,7 +98,8 @@ void quantize_row_ref(WeightFormat format, const float* src, uint8_t* dst, int64
 void dequantize_row_ref(WeightFormat format, const uint8_t* src, float* dst, int64_t cols);
 
 // --- activations for quantized weights ------------------------------------------------------
-// n tokens of k values: q[t*k + i] = round(x/d[t]) with d[t] = max|x_t| / 32767, and
+// n tokens of k values in slot order: q[t*k + quant_slot(k/32, i/32, i%32)] = round(x_i/d[t])
+// with d[t] = max|x_t| / 32767, and
 // block_sum[t*(k/32) + b] = Σ of the 32 q's of block b (the q4 offset term needs it).
 struct ActQ16View {
   int64_t n = 0, k = 0;

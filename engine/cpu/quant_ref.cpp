@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace kiln::engine::cpu {
 
@@ -81,7 +82,7 @@ uint16_t fp32_to_bf16(float f) {
 void quantize_row_q8_ref(const float* src, uint8_t* dst, int64_t cols) {
   const int64_t nb = cols / kQuantBlock;
   auto* d = reinterpret_cast<uint16_t*>(dst);
-  auto* q = reinterpret_cast<int8_t*>(dst + 2 * nb);
+  int8_t* q = reinterpret_cast<int8_t*>(dst + 2 * nb);
   for (int64_t b = 0; b < nb; ++b) {
     const float* x = src + b * kQuantBlock;
     float amax = 0.0f;
@@ -93,7 +94,7 @@ void quantize_row_q8_ref(const float* src, uint8_t* dst, int64_t cols) {
     d[b] = d16;
     for (int j = 0; j < kQuantBlock; ++j) {
       const float v = std::nearbyint(x[j] * id);
-      q[b * kQuantBlock + j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      q[quant_slot(nb, b, j)] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
     }
   }
 }
@@ -103,6 +104,7 @@ void quantize_row_q4_ref(const float* src, uint8_t* dst, int64_t cols) {
   auto* d = reinterpret_cast<uint16_t*>(dst);
   auto* m = d + nb;
   uint8_t* q = dst + 4 * nb;
+  std::vector<uint8_t> nib(static_cast<size_t>(cols));
   for (int64_t b = 0; b < nb; ++b) {
     const float* x = src + b * kQuantBlock;
     float lo = x[0], hi = x[0];
@@ -116,12 +118,53 @@ void quantize_row_q4_ref(const float* src, uint8_t* dst, int64_t cols) {
     const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
     d[b] = d16;
     m[b] = m16;
-    uint8_t nib[kQuantBlock];
     for (int j = 0; j < kQuantBlock; ++j) {
       const float v = std::nearbyint((x[j] - mm) * id);
-      nib[j] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
+      nib[size_t(b * kQuantBlock + j)] = static_cast<uint8_t>(std::clamp(v, 0.0f, 15.0f));
     }
-    for (int j = 0; j < 16; ++j) q[b * 16 + j] = static_cast<uint8_t>(nib[j] | (nib[j + 16] << 4));
+  }
+  q4_pack(nib.data(), q, nb);
+}
+
+namespace {
+// Pairs (two consecutive weights of a block) as one unit of `Pair` bytes.
+template <class Pair>
+void pairs_to_slot_order(const Pair* natural, Pair* slots, int64_t nb) {
+  const int64_t full = nb & ~int64_t{7};
+  for (int64_t g = 0; g < full / 8; ++g)
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t p = 0; p < 16; ++p) slots[g * 128 + p * 8 + i] = natural[(g * 8 + i) * 16 + p];
+  for (int64_t j = full * 16; j < nb * 16; ++j) slots[j] = natural[j];
+}
+}  // namespace
+
+// Through aligned copies: the rows' pairs need not be aligned.
+void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb) {
+  thread_local std::vector<uint16_t> in, out;
+  in.resize(static_cast<size_t>(nb * 16));
+  out.resize(in.size());
+  std::memcpy(in.data(), natural, in.size() * 2);
+  pairs_to_slot_order(in.data(), out.data(), nb);
+  std::memcpy(slots, out.data(), out.size() * 2);
+}
+
+void q16_to_slot_order(const int16_t* natural, int16_t* slots, int64_t nb) {
+  thread_local std::vector<uint32_t> in, out;
+  in.resize(static_cast<size_t>(nb * 16));
+  out.resize(in.size());
+  std::memcpy(in.data(), natural, in.size() * 4);
+  pairs_to_slot_order(in.data(), out.data(), nb);
+  std::memcpy(slots, out.data(), out.size() * 4);
+}
+
+void q4_pack(const uint8_t* natural_nibbles, uint8_t* q, int64_t nb) {
+  std::vector<uint8_t> slots(static_cast<size_t>(nb * kQuantBlock));
+  q8_to_slot_order(reinterpret_cast<const int8_t*>(natural_nibbles), reinterpret_cast<int8_t*>(slots.data()), nb);
+  std::memset(q, 0, static_cast<size_t>(nb * kQuantBlock / 2));
+  for (int64_t s = 0; s < nb * kQuantBlock; ++s) {
+    const Q4Place at = q4_place(nb, s);
+    q[at.byte] = static_cast<uint8_t>(at.high ? (q[at.byte] & 0x0f) | (slots[size_t(s)] << 4)
+                                              : (q[at.byte] & 0xf0) | slots[size_t(s)]);
   }
 }
 
@@ -150,7 +193,8 @@ void dequantize_row_ref(WeightFormat format, const uint8_t* src, float* dst, int
     case WeightFormat::q8: {
       const auto* d = reinterpret_cast<const uint16_t*>(src);
       const auto* q = reinterpret_cast<const int8_t*>(src + 2 * nb);
-      for (int64_t i = 0; i < cols; ++i) dst[i] = fp16_to_fp32(d[i / kQuantBlock]) * q[i];
+      for (int64_t i = 0; i < cols; ++i)
+        dst[i] = fp16_to_fp32(d[i / kQuantBlock]) * q[quant_slot(nb, i / kQuantBlock, i % kQuantBlock)];
       return;
     }
     case WeightFormat::q4: {
@@ -159,9 +203,9 @@ void dequantize_row_ref(WeightFormat format, const uint8_t* src, float* dst, int
       const uint8_t* q = src + 4 * nb;
       for (int64_t b = 0; b < nb; ++b) {
         const float dd = fp16_to_fp32(d[b]), mm = fp16_to_fp32(m[b]);
-        for (int j = 0; j < 16; ++j) {
-          dst[b * kQuantBlock + j] = mm + dd * static_cast<float>(q[b * 16 + j] & 0xf);
-          dst[b * kQuantBlock + 16 + j] = mm + dd * static_cast<float>(q[b * 16 + j] >> 4);
+        for (int j = 0; j < kQuantBlock; ++j) {
+          const Q4Place at = q4_place(nb, quant_slot(nb, b, j));
+          dst[b * kQuantBlock + j] = mm + dd * static_cast<float>(at.high ? q[at.byte] >> 4 : q[at.byte] & 0xf);
         }
       }
       return;
@@ -175,12 +219,13 @@ void quantize_acts_ref(const float* x, int64_t k, int16_t* q, int32_t* block_sum
   const float dd = amax / 32767.0f;
   const float id = dd > 0.0f ? 1.0f / dd : 0.0f;
   *d = dd;
-  for (int64_t b = 0; b < k / kQuantBlock; ++b) {
+  const int64_t nb = k / kQuantBlock;
+  for (int64_t b = 0; b < nb; ++b) {
     int32_t sum = 0;
-    for (int64_t j = b * kQuantBlock; j < (b + 1) * kQuantBlock; ++j) {
-      const float v = std::clamp(std::nearbyint(x[j] * id), -32767.0f, 32767.0f);
-      q[j] = static_cast<int16_t>(v);
-      sum += q[j];
+    for (int64_t j = 0; j < kQuantBlock; ++j) {
+      const auto v = static_cast<int16_t>(std::clamp(std::nearbyint(x[b * kQuantBlock + j] * id), -32767.0f, 32767.0f));
+      q[quant_slot(nb, b, j)] = v;
+      sum += v;
     }
     block_sum[b] = sum;
   }

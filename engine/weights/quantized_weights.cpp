@@ -18,7 +18,7 @@ namespace kiln::engine {
 
 namespace {
 
-constexpr uint32_t kLayoutVersion = 1;  // bump when a block layout in quant.h changes
+constexpr uint32_t kLayoutVersion = 2;  // bump when a block layout in quant.h changes
 constexpr uint64_t kDataOffset = 4096;  // data starts page-aligned in the cache file
 constexpr uint64_t kAlign = 64;
 

@@ -174,12 +174,39 @@ TEST(QuantActs, Int16ActivationErrorIsNegligible) {
   float d = 0;
   quantize_acts_ref(x.data(), 2048, q.data(), s.data(), &d);
   std::vector<float> back(2048);
-  for (int i = 0; i < 2048; ++i) back[i] = d * q[i];
+  for (int i = 0; i < 2048; ++i) back[i] = d * q[quant_slot(64, i / 32, i % 32)];
   EXPECT_LT(rel_l2(back, x), 1e-4);
   for (int b = 0; b < 64; ++b) {
     int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) sum += q[b * 32 + j];
+    for (int j = 0; j < 32; ++j) sum += q[quant_slot(64, b, j)];
     ASSERT_EQ(s[b], sum);
+  }
+}
+
+TEST(QuantLayout, SlotsAndNibblesCoverEveryWeightOnce) {
+  // Rows with only whole groups, only trailing blocks, and both.
+  for (const int64_t nb : {1, 3, 8, 9, 16, 21}) {
+    std::vector<int> slot_used(size_t(nb * 32)), nibble_used(size_t(nb * 32));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t e = 0; e < 32; ++e) {
+        const int64_t s = quant_slot(nb, b, e);
+        ASSERT_GE(s, 0);
+        ASSERT_LT(s, nb * 32);
+        ++slot_used[size_t(s)];
+        const Q4Place at = q4_place(nb, s);
+        ASSERT_LT(at.byte, nb * 16);
+        ++nibble_used[size_t(2 * at.byte + at.high)];
+        // Whole groups interleave pairs of eight blocks; trailing blocks stay in order.
+        if (b < nb / 8 * 8) {
+          EXPECT_EQ(s, b / 8 * 256 + e / 2 * 16 + b % 8 * 2 + e % 2);
+        } else {
+          EXPECT_EQ(s, b * 32 + e);
+        }
+      }
+    for (size_t i = 0; i < slot_used.size(); ++i) {
+      ASSERT_EQ(slot_used[i], 1) << "nb " << nb << " slot " << i;
+      ASSERT_EQ(nibble_used[i], 1) << "nb " << nb << " nibble " << i;
+    }
   }
 }
 
