@@ -199,7 +199,8 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
   const int64_t ahead_rows = r + kPrefetchRows + R <= r_end ? R : (r + kPrefetchRows < r_end ? r_end - r - kPrefetchRows : 0);
   const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
   const int64_t ahead_lines = (ahead_rows * stride + 63) / 64;
-  int64_t sent = 0;
+  int64_t sent = R == 1 ? ahead_lines : 0;
+  const int64_t ahead_step = (stride + nb - 1) / nb;
   __m256 acc[R][NT];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -209,7 +210,12 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
       for (int j = 0; j < NT; ++j) sum[i][j] = _mm256_setzero_si256();
 #pragma GCC unroll 16
     for (int p = 0; p < 16; ++p) {
-      if (p % kPrefetchEvery<R> == 0 && sent < ahead_lines) _mm_prefetch(ahead + 64 * sent++, _MM_HINT_T0);
+      if constexpr (R == 1) {
+        // One row: a request per block's worth of bytes (~34 for q8: each line about twice).
+        if (p % 2 == 0) _mm_prefetch(ahead + (g * 8 + p / 2) * ahead_step, _MM_HINT_T0);
+      } else if (p % kPrefetchEvery<R> == 0 && sent < ahead_lines) {
+        _mm_prefetch(ahead + 64 * sent++, _MM_HINT_T0);
+      }
       __m256i xv[NT];
       for (int j = 0; j < NT; ++j)
         xv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[j] + g * 256 + p * 16));
