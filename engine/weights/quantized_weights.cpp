@@ -114,6 +114,29 @@ Status write_cache(const std::string& path, const CacheHeader& hdr, const uint8_
   return {};
 }
 
+// Caches an older kiln wrote (an earlier block layout) are never read again: this removes them,
+// so an upgrade does not leave a model's worth of dead bytes beside every checkpoint. Files of
+// this layout (other formats, other lm_head choices) and of newer ones are left alone.
+std::vector<std::string> remove_outdated_caches(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("kiln-weights-", 0) != 0 || entry.path().extension() != ".bin") continue;
+    CacheHeader h{};
+    {
+      std::ifstream f(entry.path(), std::ios::binary);
+      if (!f.read(reinterpret_cast<char*>(&h), sizeof h)) continue;
+    }
+    if (std::memcmp(h.magic, "KILNWTS1", 8) != 0 || h.version >= kLayoutVersion) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(entry.path(), rm))
+      removed.push_back("removed weight cache " + entry.path().string() + " (layout version " +
+                        std::to_string(h.version) + ", this kiln reads " + std::to_string(kLayoutVersion) + ")");
+  }
+  return removed;
+}
+
 }  // namespace
 
 void StoredWeights::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -221,6 +244,8 @@ Result<std::unique_ptr<StoredWeights>> StoredWeights::apply(ModelWeights& w, con
       else sw->warnings_.push_back(s.error() + "; the next load quantizes again");
     }
   }
+  if (!sw->cache_path_.empty())
+    for (std::string& note : remove_outdated_caches(dir)) sw->warnings_.push_back(std::move(note));
   for (size_t i = 0; i < todo.size(); ++i) *todo[i] = Matrix{base + offsets[i], target, todo[i]->rows, todo[i]->cols};
   return sw;
 }

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -115,6 +116,37 @@ TEST(WeightCache, CorruptCacheIsRebuiltNotTrusted) {
   EXPECT_FALSE((*m)->stored_weights()->from_cache());
   ASSERT_FALSE((*m)->stored_weights()->warnings().empty());
   EXPECT_NE((*m)->stored_weights()->warnings()[0].find(path), std::string::npos);
+}
+
+// A cache file's first bytes: magic, then the layout version (the rest of the header is zero).
+void write_cache_stub(const std::string& path, uint32_t version) {
+  std::ofstream f(path, std::ios::binary);
+  char head[64] = {};
+  std::memcpy(head, "KILNWTS1", 8);
+  std::memcpy(head + 8, &version, 4);
+  f.write(head, sizeof head);
+}
+
+TEST(WeightCache, CachesOfAnOlderLayoutAreRemovedOthersKept) {
+  TinyModelOptions t;
+  const std::string dir = testing::make_model(t);
+  const std::string older = dir + "/kiln-weights-q8-00000000000000aa.bin";
+  const std::string newer = dir + "/kiln-weights-q8-00000000000000bb.bin";
+  const std::string unrelated = dir + "/kiln-weights-notes.bin";
+  write_cache_stub(older, 1);
+  write_cache_stub(newer, 999);  // written by a later kiln: not ours to delete
+  { std::ofstream(unrelated) << "not a cache"; }
+  EngineOptions o;
+  o.weights = cpu::WeightFormat::q8;
+  auto m = Model::load(dir, o);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_FALSE(std::filesystem::exists(older));
+  EXPECT_TRUE(std::filesystem::exists(newer));
+  EXPECT_TRUE(std::filesystem::exists(unrelated));
+  EXPECT_TRUE(std::filesystem::exists((*m)->stored_weights()->cache_path()));
+  bool told = false;
+  for (const std::string& w : (*m)->stored_weights()->warnings()) told |= w.find(older) != std::string::npos;
+  EXPECT_TRUE(told) << "the removal is reported";
 }
 
 }  // namespace
