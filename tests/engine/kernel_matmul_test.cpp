@@ -114,9 +114,12 @@ void expect_matches_ref(const KernelTable& kt, WeightFormat f, const Shape& s, u
   }
 }
 
+// Streaming tiles take 1-4 tokens over R rows (R = 1, 4, 3, 2): the shapes give each token count
+// whole groups of eight blocks, a trailing part (288 = 9 blocks, 800 = 25) and rows left over.
 const Shape kShapes[] = {
     {1, 32, 1},   {5, 64, 1},     {37, 96, 1},  {64, 1024, 1}, {7, 288, 3},
     {2, 32, 4},   {9, 256, 5},    {33, 512, 70}, {64, 1024, 9}, {3, 2048, 130},
+    {7, 800, 2},  {11, 288, 4},   {10, 512, 3},  {13, 800, 6},  {19, 288, 8},
 };
 
 TEST(KernelMatmul, FastTablesMatchReferenceForEveryFormatAndShape) {
