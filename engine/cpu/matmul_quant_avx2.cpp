@@ -175,10 +175,12 @@ inline void stream_tail(const uint16_t* d, const uint8_t* q, int64_t nb, int64_t
 template <int R>
 constexpr int kPrefetchEvery = R >= 3 ? 1 : R == 2 ? 2 : 4;
 
-// Rows [r, r + R) × NT tokens; rows before prefetch_end are fair game for prefetching.
+// Rows [r, r + R) × NT tokens. With prefetch_ahead, the R rows kPrefetchRows further on are
+// requested, even past the range or the matrix: prefetches never fault, and the memory after a
+// range is usually read next (the next range of the split, the next expert's matrix).
 template <class F, int R, int NT>
 inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r,
-                        int64_t prefetch_end) {
+                        bool prefetch_ahead) {
   const int64_t k = w.cols, nb = k / kQuantBlock, groups = nb / 8;
   const int64_t stride = static_cast<int64_t>(w.stride());
   const uint16_t* d[R];
@@ -196,9 +198,7 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
   // The rows kPrefetchRows ahead (within the range) are requested one line per pair step for
   // four rows and more, every second or fourth step for fewer (a group of one q8 row is 4.25
   // lines): spread out, since bursts of requests stall the loads behind them.
-  const int64_t ahead_rows = r + kPrefetchRows + R <= prefetch_end ? R
-                             : r + kPrefetchRows < prefetch_end    ? prefetch_end - r - kPrefetchRows
-                                                                   : 0;
+  const int64_t ahead_rows = prefetch_ahead ? R : 0;
   const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
   const int64_t ahead_lines = (ahead_rows * stride + 63) / 64;
   int64_t sent = R == 1 ? ahead_lines : 0;
@@ -214,7 +214,7 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
     for (int p = 0; p < 16; ++p) {
       if constexpr (R == 1) {
         // One row: a request per block's worth of bytes (~34 for q8: each line about twice).
-        if (p % 2 == 0 && ahead_rows > 0) _mm_prefetch(ahead + (g * 8 + p / 2) * ahead_step, _MM_HINT_T0);
+        if (p % 2 == 0 && prefetch_ahead) _mm_prefetch(ahead + (g * 8 + p / 2) * ahead_step, _MM_HINT_T0);
       } else if (p % kPrefetchEvery<R> == 0 && sent < ahead_lines) {
         _mm_prefetch(ahead + 64 * sent++, _MM_HINT_T0);
       }
@@ -256,17 +256,17 @@ template <int NT>
 constexpr int kStreamRows = NT == 1 ? 1 : NT == 2 ? 4 : NT == 3 ? 3 : 2;
 
 // Rows [r0, r1). A cold range requests its first rows at once; the tiles keep kPrefetchRows
-// ahead, up to prefetch_end (r0 for rows already in cache: no requests at all).
+// ahead unless told the rows are already in cache.
 template <class F, int NT>
 void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1,
-            int64_t prefetch_end, bool cold) {
+            bool prefetch_ahead, bool cold) {
   constexpr int R = kStreamRows<NT>;
   const int64_t stride = static_cast<int64_t>(w.stride());
   if (cold)
     for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
   int64_t r = r0;
-  for (; r + R <= r1; r += R) stream_tile<F, R, NT>(w, x, y, ldy, r, prefetch_end);
-  for (; r < r1; ++r) stream_tile<F, 1, NT>(w, x, y, ldy, r, prefetch_end);
+  for (; r + R <= r1; r += R) stream_tile<F, R, NT>(w, x, y, ldy, r, prefetch_ahead);
+  for (; r < r1; ++r) stream_tile<F, 1, NT>(w, x, y, ldy, r, prefetch_ahead);
 }
 
 // ---- T > 4: panels of 16 rows × tiles of 4 tokens ---------------------------------------------
@@ -460,12 +460,12 @@ inline MatmulInput token_range(const MatmulInput& x, int64_t t0, int64_t n) {
 
 template <class F>
 void stream(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1,
-            int64_t prefetch_end, bool cold) {
+            bool prefetch_ahead, bool cold) {
   switch (x.n) {
-    case 1: return matvec<F, 1>(w, x, y, ldy, r0, r1, prefetch_end, cold);
-    case 2: return matvec<F, 2>(w, x, y, ldy, r0, r1, prefetch_end, cold);
-    case 3: return matvec<F, 3>(w, x, y, ldy, r0, r1, prefetch_end, cold);
-    default: return matvec<F, 4>(w, x, y, ldy, r0, r1, prefetch_end, cold);
+    case 1: return matvec<F, 1>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    case 2: return matvec<F, 2>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    case 3: return matvec<F, 3>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    default: return matvec<F, 4>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
   }
 }
 
@@ -473,16 +473,16 @@ template <class F>
 void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   if (r1 <= r0 || x.n <= 0) return;
   static_assert(kQuantStreamMaxTokens == 4, "the cases below");
-  if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1, r1, true);
+  if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1, true, true);
   if (x.n <= 8) {
-    // Two streaming passes over 16 rows at a time: the first prefetches ahead across the whole
-    // range (only the first strip starts cold), the second reads the rows from L1 and requests
-    // nothing (its requests would only take load slots).
+    // Two streaming passes over 16 rows at a time: the first prefetches ahead (only the first
+    // strip starts cold), the second reads the rows from L1 and requests nothing (its requests
+    // would only take load slots).
     const MatmulInput lo = token_range(x, 0, 4), hi = token_range(x, 4, x.n - 4);
     for (int64_t r = r0; r < r1; r += kPanelRows) {
       const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
-      stream<F>(w, lo, y, ldy, r, re, r1, r == r0);
-      stream<F>(w, hi, y + 4 * ldy, ldy, r, re, r, false);
+      stream<F>(w, lo, y, ldy, r, re, true, r == r0);
+      stream<F>(w, hi, y + 4 * ldy, ldy, r, re, false, false);
     }
     return;
   }
