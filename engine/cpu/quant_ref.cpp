@@ -127,34 +127,29 @@ void quantize_row_q4_ref(const float* src, uint8_t* dst, int64_t cols) {
 }
 
 namespace {
-// Pairs (two consecutive weights of a block) as one unit of `Pair` bytes.
+// Pairs (two consecutive weights of a block) as units of `Pair`, through aligned copies: a row's
+// pairs need not be aligned.
 template <class Pair>
-void pairs_to_slot_order(const Pair* natural, Pair* slots, int64_t nb) {
+void pairs_to_slot_order(const void* natural, void* slots, int64_t nb) {
+  thread_local std::vector<Pair> in, out;
+  in.resize(static_cast<size_t>(nb * 16));
+  out.resize(in.size());
+  std::memcpy(in.data(), natural, in.size() * sizeof(Pair));
   const int64_t full = nb & ~int64_t{7};
   for (int64_t g = 0; g < full / 8; ++g)
     for (int64_t i = 0; i < 8; ++i)
-      for (int64_t p = 0; p < 16; ++p) slots[g * 128 + p * 8 + i] = natural[(g * 8 + i) * 16 + p];
-  for (int64_t j = full * 16; j < nb * 16; ++j) slots[j] = natural[j];
+      for (int64_t p = 0; p < 16; ++p) out[size_t(g * 128 + p * 8 + i)] = in[size_t((g * 8 + i) * 16 + p)];
+  for (int64_t j = full * 16; j < nb * 16; ++j) out[size_t(j)] = in[size_t(j)];
+  std::memcpy(slots, out.data(), out.size() * sizeof(Pair));
 }
 }  // namespace
 
-// Through aligned copies: the rows' pairs need not be aligned.
 void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb) {
-  thread_local std::vector<uint16_t> in, out;
-  in.resize(static_cast<size_t>(nb * 16));
-  out.resize(in.size());
-  std::memcpy(in.data(), natural, in.size() * 2);
-  pairs_to_slot_order(in.data(), out.data(), nb);
-  std::memcpy(slots, out.data(), out.size() * 2);
+  pairs_to_slot_order<uint16_t>(natural, slots, nb);
 }
 
 void q16_to_slot_order(const int16_t* natural, int16_t* slots, int64_t nb) {
-  thread_local std::vector<uint32_t> in, out;
-  in.resize(static_cast<size_t>(nb * 16));
-  out.resize(in.size());
-  std::memcpy(in.data(), natural, in.size() * 4);
-  pairs_to_slot_order(in.data(), out.data(), nb);
-  std::memcpy(slots, out.data(), out.size() * 4);
+  pairs_to_slot_order<uint32_t>(natural, slots, nb);
 }
 
 void q4_pack(const uint8_t* natural_nibbles, uint8_t* q, int64_t nb) {
