@@ -173,7 +173,7 @@ inline void stream_tail(const uint16_t* d, const uint8_t* q, int64_t nb, int64_t
 }
 
 template <int R>
-constexpr int kPrefetchEvery = R >= 3 ? 1 : R == 2 ? 2 : 4;
+constexpr int kPrefetchEvery = R >= 3 ? 1 : 2;  // R == 1 has its own pattern
 
 // Rows [r, r + R) × NT tokens. With prefetch_ahead, the R rows kPrefetchRows further on are
 // requested, even past the range or the matrix: prefetches never fault, and the memory after a
@@ -195,9 +195,10 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
     xq[j] = x.q16.q + j * k;
     xsum[j] = x.q16.block_sum + j * nb;
   }
-  // The rows kPrefetchRows ahead (within the range) are requested one line per pair step for
-  // four rows and more, every second or fourth step for fewer (a group of one q8 row is 4.25
-  // lines): spread out, since bursts of requests stall the loads behind them.
+  // The R rows kPrefetchRows ahead are requested one line per pair step for three rows and
+  // more, every second step for two; one row requests a block's worth of bytes every second step
+  // (a group of one q8 row is 4.25 lines). Spread out: bursts of requests stall the loads
+  // behind them.
   const int64_t ahead_rows = prefetch_ahead ? R : 0;
   const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
   const int64_t ahead_lines = (ahead_rows * stride + 63) / 64;
