@@ -24,12 +24,13 @@ namespace kiln::engine::cpu {
 
 // How the q8/q4 kernels split work by token count, for callers sizing row ranges: up to
 // kQuantStreamMaxTokens tokens they stream rows (any range works well); from one more they work
-// kQuantPanelRows rows at a time, so a range should be a multiple of it. 5-8 tokens: two
-// streaming passes (4 tokens, then the rest) over each 16 rows, the second from L1; 9 or more:
-// unpacked int16 panels. Measured on the bench model, 8 batched sessions, 4 interleaved runs
-// each: two passes gave 66-70 tok/s aggregate against 58-66 with panels from 5 tokens (the
-// unpacking, ~0.3 instructions per weight, is not repaid by 5-8 tokens). (Measured with the
-// earlier streaming kernel, which reduced each block horizontally.)
+// kQuantPanelRows rows at a time, so a range should be a multiple of it. 5-8 tokens: streaming
+// passes of up to 3 tokens over each 16 rows, the later ones from L1; 9 or more: unpacked int16
+// panels. Measured on the bench model, 8 batched sessions, 4 interleaved runs each: passes gave
+// 66-70 tok/s aggregate against 58-66 with panels from 5 tokens (the unpacking, ~0.3
+// instructions per weight, is not repaid by 5-8 tokens; measured with the earlier streaming
+// kernel). Passes of 3 tokens on 4-row tiles against passes of 4 on 2-row tiles: 87.7, 95.2,
+// 90.1 against 80.9, 82.2, 75.5 tok/s at 8 sessions, interleaved.
 inline constexpr int64_t kQuantStreamMaxTokens = 4;
 inline constexpr int64_t kQuantPanelRows = 16;
 

@@ -1,5 +1,5 @@
 // q8 and q4 products on AVX2: a streaming kernel for decode (one to four tokens: each weight
-// block is read and widened once for all of them; five to eight in two passes) and a
+// block is read and widened once for all of them; five to eight in passes of three) and a
 // register-blocked matrix-matrix kernel for prefill (nine tokens or more).
 //
 // Both compute every output with the same floating-point operations, in the same order, as
@@ -20,8 +20,9 @@
 // a few tokens this costs less than unpacking a panel (batched decode: most experts see one to
 // three tokens).
 //
-// Five to eight tokens: two streaming passes per 16 rows (tokens 0-3, then the rest); the second
-// reads the rows from L1, so weights still leave memory once, and nothing is unpacked.
+// Five to eight tokens: streaming passes of up to three tokens per 16 rows (4-row tiles: ~0.6
+// loads per multiply); the later passes read the rows from L1, so weights still leave memory
+// once, and nothing is unpacked.
 //
 // Nine or more: weights are unpacked once per 16-row panel to int16, interleaved so that one
 // 32-byte vector holds one pair of columns of 8 rows; each column pair of a token is broadcast as one
@@ -250,11 +251,12 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
     for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = x.q16.d[j] * hsum(acc[i][j]);
 }
 
-// Rows per tile for NT tokens: R·NT accumulators, NT activation vectors and one weight vector fit
-// the 16 registers. One token (decode, bound by memory) streams a row at a time: in kernels_bench
+// Rows per tile for NT tokens: R·NT accumulators, NT activation vectors and one weight vector,
+// about the 16 registers (4 × 3 takes the third token's pairs from memory, and still ran
+// ~1.3× the 3 × 3 tile in kernels_bench at 3 tokens). One token (decode, bound by memory) streams a row at a time: in kernels_bench
 // four rows at once read no faster and sometimes slower.
 template <int NT>
-constexpr int kStreamRows = NT == 1 ? 1 : NT == 2 ? 4 : NT == 3 ? 3 : 2;
+constexpr int kStreamRows = NT == 1 ? 1 : NT == 2 ? 4 : NT == 3 ? 4 : 2;
 
 // Rows [r0, r1). A cold range requests its first rows at once; the tiles keep kPrefetchRows
 // ahead unless told the rows are already in cache.
@@ -476,14 +478,16 @@ void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy
   static_assert(kQuantStreamMaxTokens == 4, "the cases below");
   if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1, true, true);
   if (x.n <= 8) {
-    // Two streaming passes over 16 rows at a time: the first prefetches ahead (only the first
-    // strip starts cold), the second reads the rows from L1 and requests nothing (its requests
-    // would only take load slots).
-    const MatmulInput lo = token_range(x, 0, 4), hi = token_range(x, 4, x.n - 4);
+    // Passes of up to three tokens over 16 rows at a time: the first prefetches ahead (only the
+    // first strip starts cold), the others read the rows from L1 and request nothing (their
+    // requests would only take load slots).
+    const MatmulInput a = token_range(x, 0, 3), b = token_range(x, 3, x.n - 3 < 3 ? x.n - 3 : 3);
+    const MatmulInput c = token_range(x, 6, x.n > 6 ? x.n - 6 : 0);
     for (int64_t r = r0; r < r1; r += kPanelRows) {
       const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
-      stream<F>(w, lo, y, ldy, r, re, true, r == r0);
-      stream<F>(w, hi, y + 4 * ldy, ldy, r, re, false, false);
+      stream<F>(w, a, y, ldy, r, re, true, r == r0);
+      stream<F>(w, b, y + 3 * ldy, ldy, r, re, false, false);
+      if (c.n > 0) stream<F>(w, c, y + 6 * ldy, ldy, r, re, false, false);
     }
     return;
   }
