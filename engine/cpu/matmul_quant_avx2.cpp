@@ -482,7 +482,7 @@ void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy
     // first strip starts cold), the others read the rows from L1 and request nothing (their
     // requests would only take load slots).
     const MatmulInput a = token_range(x, 0, 3), b = token_range(x, 3, x.n - 3 < 3 ? x.n - 3 : 3);
-    const MatmulInput c = token_range(x, 6, x.n > 6 ? x.n - 6 : 0);
+    const MatmulInput c = x.n > 6 ? token_range(x, 6, x.n - 6) : MatmulInput{};
     for (int64_t r = r0; r < r1; r += kPanelRows) {
       const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
       stream<F>(w, a, y, ldy, r, re, true, r == r0);
