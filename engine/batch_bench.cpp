@@ -213,7 +213,20 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
     if (!alone) return make_error(alone.error());
     sched.clear_step_log();
     if (auto r = (*alone)->append(long_prompt); !r) return make_error(r.error());
-    f.chunk_alone_ms = summarize(sched.step_log(), [](const StepRecord&) { return true; }).worst_ms;
+    const auto alone_log = sched.step_log();
+    f.chunk_alone_ms = summarize(alone_log, [](const StepRecord&) { return true; }).worst_ms;
+    std::vector<StepRecord> during;
+    for (const StepRecord& r : log)
+      if (r.prefill_rows > 0) during.push_back(r);
+    f.chunks = int(alone_log.size());
+    f.same_cut = !during.empty() && during.size() == alone_log.size();
+    for (size_t k = 0; f.same_cut && k < during.size(); ++k)
+      f.same_cut = during[k].prefill_rows == alone_log[k].prefill_rows;
+    for (size_t k = 0; f.same_cut && k < during.size(); ++k) {
+      const double extra = during[k].ms - alone_log[k].ms;
+      f.worst_extra_ms = k == 0 ? extra : std::max(f.worst_extra_ms, extra);
+      f.mean_extra_ms += extra / double(during.size());
+    }
     report.fairness = f;
   }
   return report;
@@ -240,6 +253,10 @@ std::string BatchBenchReport::to_json() const {
                      {"worst_step_during_ms", fairness->worst_step_during_ms},
                      {"raise_ms", fairness->raise_ms()},
                      {"chunk_alone_ms", fairness->chunk_alone_ms},
+                     {"chunks", fairness->chunks},
+                     {"same_cut", fairness->same_cut},
+                     {"worst_extra_ms", fairness->worst_extra_ms},
+                     {"mean_extra_ms", fairness->mean_extra_ms},
                      {"prefill_s", fairness->prefill_s}};
   return j.dump();
 }
@@ -268,6 +285,13 @@ std::string BatchBenchReport::to_table(const std::string& command) const {
                   static_cast<long long>(f.prompt_tokens), static_cast<long long>(f.chunk_tokens), f.decoders,
                   f.worst_step_before_ms, f.worst_step_during_ms, f.raise_ms(), f.chunk_alone_ms, f.prefill_s);
     out += buf;
+    if (f.same_cut) {
+      std::snprintf(buf, sizeof buf,
+                    "chunk by chunk (%d chunks): a step carrying chunk k and the decoders took %+.1f ms on average "
+                    "and at most %+.1f ms beyond chunk k alone\n",
+                    f.chunks, f.mean_extra_ms, f.worst_extra_ms);
+      out += buf;
+    }
   }
   return out;
 }

@@ -49,6 +49,13 @@ struct FairnessReport {
   double worst_step_during_ms = 0;  // steps that carried a prefill chunk
   double chunk_alone_ms = 0;        // worst step of the same prefill run with nothing else
   double raise_ms() const { return worst_step_during_ms - worst_step_before_ms; }
+  // Chunk by chunk: what a step carrying chunk k (with the decoders) took beyond chunk k alone,
+  // i.e. what the decoders added to it, whichever chunk is the slowest: the mean over chunks
+  // (robust to the machine's drift between the two runs) and the most. Made only when both runs
+  // cut the prefill the same way (same_cut).
+  int chunks = 0;
+  bool same_cut = false;
+  double mean_extra_ms = 0, worst_extra_ms = 0;
   double prefill_s = 0;             // the long prefill's own duration
 };
 

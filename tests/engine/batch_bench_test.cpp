@@ -45,12 +45,21 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
   EXPECT_EQ(r->fairness->prompt_tokens, 40);
   EXPECT_EQ(r->fairness->chunk_tokens, 16);
   EXPECT_GT(r->fairness->chunk_alone_ms, 0);
+  // 40 tokens in chunks of 16: 16, 16, 8, cut the same way with and without the decoders (their
+  // tokens do not count against the chunk), so the chunk-by-chunk comparison is made.
+  EXPECT_EQ(r->fairness->chunks, 3);
+  EXPECT_TRUE(r->fairness->same_cut);
 
   const auto j = nlohmann::json::parse(r->to_json());
   EXPECT_EQ(j.at("runs"), 3);
   ASSERT_EQ(j.at("sessions").size(), 3u);
   for (const char* key : {"n", "aggregate_tok_s", "per_session_tok_s", "step_ms", "experts_per_layer"})
     EXPECT_TRUE(j.at("sessions")[0].contains(key)) << key;
+  EXPECT_EQ(j.at("fairness").at("chunks"), 3);
+  EXPECT_EQ(j.at("fairness").at("same_cut"), true);
+  EXPECT_TRUE(j.at("fairness").contains("worst_extra_ms"));
+  EXPECT_TRUE(j.at("fairness").contains("mean_extra_ms"));
+  EXPECT_LE(r->fairness->mean_extra_ms, r->fairness->worst_extra_ms + 1e-9);
   EXPECT_NE(r->to_table("cmd").find("median of 3 rounds"), std::string::npos);
 }
 
