@@ -39,14 +39,13 @@ int main(int argc, char** argv) {
     else if (a == "--runs") o.runs = std::atoi(value().c_str());
     else if (a == "--weights") {
       const std::string v = value();
-      if (v == "stored") {
-        o.weights.reset();
-      } else if (auto f = cpu::parse_weight_format(v)) {
-        o.weights = *f;
-      } else {
-        std::fprintf(stderr, "engine_speed_bench: --weights %s: expected bf16, q8, q4 or stored\n", v.c_str());
+      const auto choice = cpu::parse_weight_choice(v);
+      if (!choice) {
+        std::fprintf(stderr, "engine_speed_bench: --weights %s: expected %s\n", v.c_str(),
+                     std::string(cpu::kWeightChoicesText).c_str());
         return 2;
       }
+      o.weights = *choice;
     } else {
       std::fprintf(stderr, "engine_speed_bench: unknown option %s\n", a.c_str());
       return 2;

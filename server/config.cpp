@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cpu/quant.h"
+
 namespace kiln::server {
 
 using nlohmann::json;
@@ -194,8 +196,8 @@ std::optional<std::string> parse_model(const json& j, const std::string& path, M
   KILN_TRY(r.bytes("kv_budget", m.kv_budget_bytes));
   KILN_TRY(r.integer("max_sessions", m.max_sessions, 1));
   KILN_TRY(r.string("weights", m.weights));
-  if (m.weights != "stored" && m.weights != "bf16" && m.weights != "q8" && m.weights != "q4")
-    return r.field("weights") + ": expected one of stored, bf16, q8, q4";
+  if (!engine::cpu::parse_weight_choice(m.weights))
+    return r.field("weights") + ": expected " + std::string(engine::cpu::kWeightChoicesText);
   KILN_TRY(r.string("cache_dtype", m.cache_dtype));
   if (m.cache_dtype != "f32" && m.cache_dtype != "bf16") return r.field("cache_dtype") + ": expected f32 or bf16";
   KILN_TRY(r.integer("idle_unload_seconds", m.idle_unload_seconds, 0));

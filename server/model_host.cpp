@@ -174,7 +174,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     options.threads = s.config.threads;
     options.kv_budget_bytes = static_cast<int64_t>(s.config.kv_budget_bytes);
     options.max_sessions = s.config.max_sessions;
-    if (s.config.weights != "stored") options.weights = engine::cpu::parse_weight_format(s.config.weights);
+    options.weights = engine::cpu::parse_weight_choice(s.config.weights).value_or(std::nullopt);  // validated
     options.cache_dtype = s.config.cache_dtype == "bf16" ? engine::CacheDtype::bf16 : engine::CacheDtype::f32;
     auto loaded = std::make_shared<Loaded>();
     std::string error;

@@ -41,6 +41,12 @@ inline constexpr int64_t kQuantBlock = 32;  // weights per scale in q8 and q4
 const char* weight_format_name(WeightFormat format);
 std::optional<WeightFormat> parse_weight_format(std::string_view name);
 bool is_block_format(WeightFormat format);  // q8, q4: cols must be a multiple of kQuantBlock
+// What users choose among (`--weights`, a model's "weights" in the server config): "stored" keeps
+// the checkpoint's own dtype, exact; the others convert at load (engine/weights/quantized_weights.h).
+inline constexpr std::string_view kWeightChoices[] = {"stored", "bf16", "q8", "q4"};
+inline constexpr std::string_view kWeightChoicesText = "stored, bf16, q8 or q4";  // for messages
+// nullopt: not a choice. Otherwise the format to convert to, itself nullopt for "stored".
+std::optional<std::optional<WeightFormat>> parse_weight_choice(std::string_view name);
 // Bytes of one stored row of `cols` weights (inline: kernels compute row addresses with it).
 inline size_t row_bytes(WeightFormat format, int64_t cols) {
   const auto n = static_cast<size_t>(cols);

@@ -27,6 +27,12 @@ std::optional<WeightFormat> parse_weight_format(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<std::optional<WeightFormat>> parse_weight_choice(std::string_view name) {
+  for (std::string_view choice : kWeightChoices)
+    if (name == choice) return name == "stored" ? std::optional<WeightFormat>() : parse_weight_format(name);
+  return std::nullopt;
+}
+
 bool is_block_format(WeightFormat format) {
   return format == WeightFormat::q8 || format == WeightFormat::q4;
 }

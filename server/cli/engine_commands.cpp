@@ -64,8 +64,7 @@ struct ModelArgs {
 // next to the model (engine/weights/quantized_weights.h). q8 is the default for serving-like verbs
 // (generate, bench); logits and info stay exact unless told otherwise.
 std::optional<cpu::WeightFormat> weights_choice(const std::string& w) {
-  if (w == "stored") return std::nullopt;
-  return cpu::parse_weight_format(w);
+  return cpu::parse_weight_choice(w).value_or(std::nullopt);  // checked by the option already
 }
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -75,7 +74,7 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   sub->add_option("--weights", a.weights, "Weight storage: stored (exact), bf16, q8 or q4")
       ->capture_default_str()
-      ->check(CLI::IsMember({"stored", "bf16", "q8", "q4"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(cpu::kWeightChoices), std::end(cpu::kWeightChoices))));
 }
 
 Result<std::unique_ptr<Model>> load(const ModelArgs& a, int max_sessions = 2) {

@@ -210,6 +210,16 @@ TEST(QuantLayout, SlotsAndNibblesCoverEveryWeightOnce) {
   }
 }
 
+TEST(WeightFormatNames, WeightChoicesAreStoredOrAConversion) {
+  const auto stored = parse_weight_choice("stored");
+  ASSERT_TRUE(stored.has_value()) << "stored is a choice";
+  EXPECT_FALSE(stored->has_value()) << "stored converts nothing";
+  EXPECT_EQ(parse_weight_choice("q8"), std::optional<std::optional<WeightFormat>>(WeightFormat::q8));
+  EXPECT_EQ(parse_weight_choice("q4"), std::optional<std::optional<WeightFormat>>(WeightFormat::q4));
+  EXPECT_EQ(parse_weight_choice("bf16"), std::optional<std::optional<WeightFormat>>(WeightFormat::bf16));
+  for (const char* bad : {"f32", "Q8", "", "stored ", "int8"}) EXPECT_FALSE(parse_weight_choice(bad)) << bad;
+}
+
 TEST(WeightFormatNames, ParseRoundTripsAndRejectsUnknown) {
   for (int i = 0; i < kWeightFormatCount; ++i) {
     const auto f = static_cast<WeightFormat>(i);

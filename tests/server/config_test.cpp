@@ -43,7 +43,7 @@ TEST(Config, ModelsServeQuantizedWeightsUnlessTold) {
   EXPECT_EQ(c.models[1].weights, "stored");
   EXPECT_EQ(c.models[1].cache_dtype, "bf16");
   EXPECT_EQ(parse_error(R"({"models": [{"name": "m", "path": "p", "weights": "q3"}]})"),
-            "models[0].weights: expected one of stored, bf16, q8, q4");
+            "models[0].weights: expected stored, bf16, q8 or q4");
   EXPECT_EQ(parse_error(R"({"models": [{"name": "m", "path": "p", "cache_dtype": "f16"}]})"),
             "models[0].cache_dtype: expected f32 or bf16");
 }
