@@ -200,11 +200,10 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
   // more, every second step for two; one row requests a block's worth of bytes every second step
   // (a group of one q8 row is 4.25 lines). Spread out: bursts of requests stall the loads
   // behind them.
-  const int64_t ahead_rows = prefetch_ahead ? R : 0;
   const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
-  const int64_t ahead_lines = (ahead_rows * stride + 63) / 64;
-  int64_t sent = R == 1 ? ahead_lines : 0;
-  const int64_t ahead_step = (stride + nb - 1) / nb;
+  const int64_t ahead_lines = R > 1 && prefetch_ahead ? (R * stride + 63) / 64 : 0;  // line by line
+  const int64_t ahead_step = (stride + nb - 1) / nb;                                // one row: per block
+  int64_t sent = 0;
   __m256 acc[R][NT];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -252,9 +251,9 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
 }
 
 // Rows per tile for NT tokens: R·NT accumulators, NT activation vectors and one weight vector,
-// about the 16 registers (4 × 3 takes the third token's pairs from memory, and still ran
-// ~1.3× the 3 × 3 tile in kernels_bench at 3 tokens). One token (decode, bound by memory) streams a row at a time: in kernels_bench
-// four rows at once read no faster and sometimes slower.
+// about the 16 registers (4 × 3 takes the third token's pairs from memory, and still ran ~1.3×
+// the 3 × 3 tile in kernels_bench at 3 tokens). One token (decode, bound by memory) streams a
+// row at a time: in kernels_bench four rows at once read no faster and sometimes slower.
 template <int NT>
 constexpr int kStreamRows = NT == 1 ? 1 : NT == 2 ? 4 : NT == 3 ? 4 : 2;
 

@@ -82,8 +82,7 @@ void matmul_q4_ref(const WeightMatrix& w, const MatmulInput& x, float* y, int64_
         int32_t s = 0;
         for (int64_t j = 0; j < kQuantBlock; ++j) {
           const int64_t slot = quant_slot(nb, b, j);
-          const Q4Place at = q4_place(nb, slot);
-          s += (at.high ? q[at.byte] >> 4 : q[at.byte] & 0xf) * xq[slot];
+          s += q4_value(q, nb, slot) * xq[slot];
         }
         a[b % 8] = std::fma(static_cast<float>(s), fp16_to_fp32(d[b]), a[b % 8]);
         a[b % 8] = std::fma(fp16_to_fp32(m[b]), static_cast<float>(xs[b]), a[b % 8]);

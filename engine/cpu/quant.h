@@ -76,6 +76,11 @@ inline Q4Place q4_place(int64_t nb, int64_t slot) {
   const int64_t o = slot - base, half = span / 2;
   return {base / 2 + o % half, o >= half};
 }
+// The q4 value (0..15) at a slot of a row's quants q.
+inline int q4_value(const uint8_t* q, int64_t nb, int64_t slot) {
+  const Q4Place at = q4_place(nb, slot);
+  return at.high ? q[at.byte] >> 4 : q[at.byte] & 0xf;
+}
 // Natural order (weight e of block b at 32b + e) → slot order, one row of nb blocks: the fast
 // quantizers compute natural order and reorder with these (defined once, outside any SIMD code).
 void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb);

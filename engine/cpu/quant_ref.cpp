@@ -88,7 +88,7 @@ uint16_t fp32_to_bf16(float f) {
 void quantize_row_q8_ref(const float* src, uint8_t* dst, int64_t cols) {
   const int64_t nb = cols / kQuantBlock;
   auto* d = reinterpret_cast<uint16_t*>(dst);
-  int8_t* q = reinterpret_cast<int8_t*>(dst + 2 * nb);
+  auto* q = reinterpret_cast<int8_t*>(dst + 2 * nb);
   for (int64_t b = 0; b < nb; ++b) {
     const float* x = src + b * kQuantBlock;
     float amax = 0.0f;
@@ -204,10 +204,8 @@ void dequantize_row_ref(WeightFormat format, const uint8_t* src, float* dst, int
       const uint8_t* q = src + 4 * nb;
       for (int64_t b = 0; b < nb; ++b) {
         const float dd = fp16_to_fp32(d[b]), mm = fp16_to_fp32(m[b]);
-        for (int j = 0; j < kQuantBlock; ++j) {
-          const Q4Place at = q4_place(nb, quant_slot(nb, b, j));
-          dst[b * kQuantBlock + j] = mm + dd * static_cast<float>(at.high ? q[at.byte] >> 4 : q[at.byte] & 0xf);
-        }
+        for (int j = 0; j < kQuantBlock; ++j)
+          dst[b * kQuantBlock + j] = mm + dd * static_cast<float>(q4_value(q, nb, quant_slot(nb, b, j)));
       }
       return;
     }
