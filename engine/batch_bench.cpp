@@ -64,6 +64,7 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
   EngineOptions eo;
   eo.threads = o.threads;
   eo.weights = o.weights;
+  eo.cache_dtype = o.cache_dtype;
   eo.progress = o.progress;
   eo.prefill_chunk = o.prefill_chunk;
   eo.max_sessions = std::max(max_n, o.fairness_decoders) + 1;
@@ -77,6 +78,7 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
                       std::to_string(c.max_position_embeddings));
   BatchBenchReport report;
   report.weights = o.weights ? cpu::weight_format_name(*o.weights) : std::string("as stored");
+  report.cache_dtype = cache_dtype_name(m.options().cache_dtype);
   report.threads = m.thread_pool().size();
   report.prompt_tokens = o.prompt_tokens, report.gen_tokens = o.gen_tokens, report.prefill_chunk = o.prefill_chunk;
   report.runs = std::max(1, o.runs);
@@ -242,9 +244,9 @@ std::string BatchBenchReport::to_json() const {
                          {"experts_per_layer", r.experts_per_layer},
                          {"prefill_tok_s", r.prefill_tok_s},
                          {"prefill_step_ms", r.prefill_step_ms}});
-  nlohmann::json j{{"weights", weights},         {"threads", threads},   {"prompt_tokens", prompt_tokens},
-                   {"gen_tokens", gen_tokens},   {"runs", runs},   {"prefill_chunk", prefill_chunk},
-                   {"sessions", rows_json}};
+  nlohmann::json j{{"weights", weights},       {"cache_dtype", cache_dtype}, {"threads", threads},
+                   {"prompt_tokens", prompt_tokens}, {"gen_tokens", gen_tokens},   {"runs", runs},
+                   {"prefill_chunk", prefill_chunk}, {"sessions", rows_json}};
   if (fairness)
     j["fairness"] = {{"decoders", fairness->decoders},
                      {"prompt_tokens", fairness->prompt_tokens},
@@ -262,7 +264,8 @@ std::string BatchBenchReport::to_json() const {
 }
 
 std::string BatchBenchReport::to_table(const std::string& command) const {
-  std::string out = "`" + command + "`\n\nweights " + weights + ", " + std::to_string(threads) + " threads, prompt " +
+  std::string out = "`" + command + "`\n\nweights " + weights + ", cache " + cache_dtype + ", " +
+                    std::to_string(threads) + " threads, prompt " +
                     std::to_string(prompt_tokens) + ", gen " + std::to_string(gen_tokens) +
                     (runs > 1 ? " (median of " + std::to_string(runs) + " rounds)" : std::string()) +
                     ", prefill chunk " + std::to_string(prefill_chunk) + "\n\n";

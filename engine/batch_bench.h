@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache/kv_pool.h"
 #include "engine/cpu/quant.h"
 #include "engine/status.h"
 
@@ -21,6 +22,7 @@ struct BatchBenchOptions {
   std::string model_dir;
   std::optional<cpu::WeightFormat> weights = cpu::WeightFormat::q8;  // nullopt: as stored
   int threads = 0;
+  CacheDtype cache_dtype = CacheDtype::f32;  // KV and conv cache
   std::vector<int> sessions = {1, 2, 4, 8, 16};
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 32;
@@ -61,6 +63,7 @@ struct FairnessReport {
 
 struct BatchBenchReport {
   std::string weights;
+  std::string cache_dtype;  // "f32" or "bf16"
   int threads = 0;
   int64_t prompt_tokens = 0, gen_tokens = 0, prefill_chunk = 0;
   int runs = 1;  // decode rounds per concurrency; rows hold the median round

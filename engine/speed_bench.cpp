@@ -46,6 +46,7 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
   EngineOptions eo;
   eo.threads = o.threads;
   eo.weights = o.weights;
+  eo.cache_dtype = o.cache_dtype;
   eo.progress = o.progress;
   eo.max_sessions = 1;
   eo.kv_budget_bytes = int64_t(4) << 30;
@@ -58,6 +59,7 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
   r.threads = m.thread_pool().size();
   r.prompt_tokens = o.prompt_tokens;
   r.gen_tokens = o.gen_tokens;
+  r.cache_dtype = cache_dtype_name(m.options().cache_dtype);
   r.weights = o.weights ? cpu::weight_format_name(*o.weights)
                         : std::string("as stored (") + dtype_name(m.weights().lm_head.dtype) + ")";
   if (o.prompt_tokens + o.gen_tokens > m.config().max_position_embeddings)
@@ -93,13 +95,14 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
   r.state_bytes_per_token = state_bytes(m, o.prompt_tokens + o.gen_tokens / 2);
   r.bytes_per_token = r.weight_bytes_per_token + r.state_bytes_per_token;
   r.achieved_gb_s = double(r.bytes_per_token) * r.decode_tok_s / 1e9;
-  r.measured_gb_s = cpu::measure_read_bandwidth(r.threads).gb_per_s;
+  r.measured_gb_s = cpu::measure_read_bandwidth(r.threads, o.bandwidth_buffer_bytes).gb_per_s;
   r.bandwidth_fraction = r.measured_gb_s > 0 ? r.achieved_gb_s / r.measured_gb_s : 0;
   return r;
 }
 
 std::string SpeedBenchReport::to_json() const {
   nlohmann::json j{{"weights", weights},
+                   {"cache_dtype", cache_dtype},
                    {"threads", threads},
                    {"prompt_tokens", prompt_tokens},
                    {"gen_tokens", gen_tokens},
@@ -119,11 +122,12 @@ std::string SpeedBenchReport::to_json() const {
 std::string SpeedBenchReport::to_table() const {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
-                "| weights | threads | prefill tok/s (%lld) | decode tok/s (%lld) | MB/token (weights+state) | "
+                "| weights | cache | threads | prefill tok/s (%lld) | decode tok/s (%lld) | MB/token (weights+state) | "
                 "achieved GB/s | measured GB/s | of bandwidth |\n"
-                "|---|---:|---:|---:|---:|---:|---:|---:|\n"
-                "| %s | %d | %.1f | %.1f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.0f%% |\n",
-                static_cast<long long>(prompt_tokens), static_cast<long long>(gen_tokens), weights.c_str(), threads,
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+                "| %s | %s | %d | %.1f | %.1f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.0f%% |\n",
+                static_cast<long long>(prompt_tokens), static_cast<long long>(gen_tokens), weights.c_str(),
+                cache_dtype.c_str(), threads,
                 prefill_tok_s, decode_tok_s, bytes_per_token / 1e6, weight_bytes_per_token / 1e6,
                 state_bytes_per_token / 1e6, achieved_gb_s, measured_gb_s, 100 * bandwidth_fraction);
   return buf;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache/kv_pool.h"
 #include "engine/cpu/quant.h"
 #include "engine/status.h"
 
@@ -17,15 +18,18 @@ struct SpeedBenchOptions {
   std::string model_dir;
   std::optional<cpu::WeightFormat> weights = cpu::WeightFormat::q8;  // nullopt: as stored
   int threads = 0;            // 0: all hardware threads
+  CacheDtype cache_dtype = CacheDtype::f32;  // KV and conv cache
   int64_t prompt_tokens = 512;
   int64_t gen_tokens = 128;
   int runs = 3;               // prefill and decode are each the median of this many runs
   uint64_t seed = 1;          // prompt token ids are drawn from it
   bool progress = false;      // quantization progress bar on stderr
+  size_t bandwidth_buffer_bytes = size_t{1} << 30;  // the read-bandwidth probe's buffer (≫ caches)
 };
 
 struct SpeedBenchReport {
   std::string weights;  // "q8", "as stored (BF16)", ...
+  std::string cache_dtype;  // "f32" or "bf16"
   int threads = 0;
   int64_t prompt_tokens = 0, gen_tokens = 0;
   double load_s = 0;

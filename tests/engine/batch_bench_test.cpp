@@ -25,6 +25,7 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
   o.prefill_chunk = 16;
   o.fairness_prompt_tokens = 40;
   o.fairness_decoders = 2;
+  o.cache_dtype = CacheDtype::bf16;  // passed through to the engine, and named in the report
   auto r = run_batch_bench(o);
   ASSERT_TRUE(r) << r.error();
   ASSERT_EQ(r->rows.size(), 3u);
@@ -52,6 +53,8 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
 
   const auto j = nlohmann::json::parse(r->to_json());
   EXPECT_EQ(j.at("runs"), 3);
+  EXPECT_EQ(r->cache_dtype, "bf16");
+  EXPECT_EQ(j.at("cache_dtype"), "bf16");
   ASSERT_EQ(j.at("sessions").size(), 3u);
   for (const char* key : {"n", "aggregate_tok_s", "per_session_tok_s", "step_ms", "experts_per_layer"})
     EXPECT_TRUE(j.at("sessions")[0].contains(key)) << key;
