@@ -139,7 +139,7 @@ struct GdnDecodeArgs {
   const float* z = nullptr;     // [Hv·dv] in_proj_z output
   const float* b = nullptr;     // [Hv] in_proj_b output
   const float* a = nullptr;     // [Hv] in_proj_a output
-  const float* conv_w = nullptr;  // [C][K]
+  const float* conv_taps = nullptr;  // [K][C]: conv1d_silu's w, transposed
   uint8_t* conv_state = nullptr;  // [K−1][C], f32 or bf16 (conv_bf16)
   bool conv_bf16 = false;
   const float* A_log = nullptr;    // [Hv]

@@ -14,32 +14,51 @@
 namespace kiln::engine::ops {
 namespace {
 
-// conv1d_silu for one token over channels [c0, c0 + n): window = stored K−1 inputs then x.
-// Also fetches `pf` (advanced by two cache lines per channel, up to pf_end) towards L2: the
-// item's first recurrent state, which the delta rule would otherwise wait on memory for.
+// conv1d_silu for one token over channels [c0, c0 + n): window = stored K−1 inputs then x. Tap
+// by tap over runs of channels, as conv1d_silu does (acc = 0, then acc += tap_s·window_s for
+// s = 0..K−1), so the compiler vectorises it and every sum is the same. Also fetches `pf`
+// (two cache lines per channel, up to pf_end) towards L2, a run at a time: the item's first
+// recurrent state, which the delta rule would otherwise wait on memory for.
+constexpr int64_t kConvRun = 16;
+
 void conv_channels(const GdnDecodeArgs& a, int64_t C, int64_t c0, int64_t n, float* window, float* out,
                    const char*& pf, const char* pf_end) {
   const int K = a.K;
-  for (int64_t ch = c0; ch < c0 + n; ++ch) {
-    if (pf < pf_end) {
+  for (int64_t r0 = 0; r0 < n; r0 += kConvRun) {
+    const int64_t m = n - r0 < kConvRun ? n - r0 : kConvRun, ch0 = c0 + r0;
+    for (int64_t i = 0; i < m && pf < pf_end; ++i, pf += 128) {
       _mm_prefetch(pf, _MM_HINT_T1);
       _mm_prefetch(pf + 64, _MM_HINT_T1);
-      pf += 128;
     }
+    // window[s][i]: input s (oldest first) of channel ch0 + i; the last is x.
     for (int s = 0; s < K - 1; ++s) {
-      const size_t i = size_t(s * C + ch);
-      window[s] = a.conv_bf16 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(a.conv_state)[i])
-                              : reinterpret_cast<const float*>(a.conv_state)[i];
+      float* w = window + s * kConvRun;
+      const size_t at = size_t(s * C + ch0);
+      if (a.conv_bf16) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(a.conv_state) + at;
+        for (int64_t i = 0; i < m; ++i) w[i] = bf16_to_f32(h[i]);
+      } else {
+        const float* f = reinterpret_cast<const float*>(a.conv_state) + at;
+        for (int64_t i = 0; i < m; ++i) w[i] = f[i];
+      }
     }
-    window[K - 1] = a.qkv[ch];
-    const float* wc = a.conv_w + ch * K;
-    float acc = 0;
-    for (int s = 0; s < K; ++s) acc += wc[s] * window[s];
-    out[ch - c0] = acc;
+    float* o = out + r0;
+    for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
+    for (int s = 0; s < K; ++s) {
+      const float* row = s < K - 1 ? window + s * kConvRun : a.qkv + ch0;
+      const float* tap = a.conv_taps + s * C + ch0;
+      for (int64_t i = 0; i < m; ++i) o[i] += tap[i] * row[i];
+    }
     for (int s = 0; s < K - 1; ++s) {  // shift: the oldest input leaves, x enters
-      const size_t i = size_t(s * C + ch);
-      if (a.conv_bf16) reinterpret_cast<uint16_t*>(a.conv_state)[i] = f32_to_bf16(window[s + 1]);
-      else reinterpret_cast<float*>(a.conv_state)[i] = window[s + 1];
+      const float* src = s + 1 < K - 1 ? window + (s + 1) * kConvRun : a.qkv + ch0;
+      const size_t at = size_t(s * C + ch0);
+      if (a.conv_bf16) {
+        uint16_t* h = reinterpret_cast<uint16_t*>(a.conv_state) + at;
+        for (int64_t i = 0; i < m; ++i) h[i] = f32_to_bf16(src[i]);
+      } else {
+        float* f = reinterpret_cast<float*>(a.conv_state) + at;
+        for (int64_t i = 0; i < m; ++i) f[i] = src[i];
+      }
     }
   }
   silu_inplace(out, n);  // as conv1d_silu applies it
@@ -51,8 +70,8 @@ void gated_delta_net_decode(ThreadPool* pool, const GdnDecodeArgs& a) {
   const int r = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
   const int64_t key_dim = int64_t(a.Hk) * dk, C = 2 * key_dim + int64_t(a.Hv) * dv;
   auto item = [&](int64_t m0, int64_t m1) {
-    thread_local std::vector<float> buf;  // per thread: q[dk] k[dk] v[r·dv] beta[r] g[r] window[K]
-    buf.resize(size_t(2 * dk + r * dv + 2 * r + a.K));
+    thread_local std::vector<float> buf;  // per thread: q[dk] k[dk] v[r·dv] beta[r] g[r] window[K−1][run]
+    buf.resize(size_t(2 * dk + r * dv + 2 * r + (a.K - 1) * kConvRun));
     float *q = buf.data(), *k = q + dk, *v = k + dk, *beta = v + r * dv, *g = beta + r, *window = g + r;
     for (int64_t m = m0; m < m1; ++m) {
       float* const S = a.state + m * r * int64_t(dk) * dv;

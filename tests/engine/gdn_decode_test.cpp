@@ -54,13 +54,17 @@ void unfused_step(const Shape& s, const float* qkv, const float* z, const float*
 
 TEST(GdnDecode, FusedStepEqualsTheUnfusedOpsBitForBit) {
   ThreadPool pool(3);
-  for (const Shape s : {Shape{2, 4, 16, 8, 4}, Shape{3, 3, 32, 16, 4}, Shape{1, 2, 8, 24, 3}})
+  // dk = 24 and r·dv = 40: runs of 16 channels and a shorter one
+  for (const Shape s : {Shape{2, 4, 16, 8, 4}, Shape{3, 3, 32, 16, 4}, Shape{1, 2, 8, 24, 3}, Shape{2, 4, 24, 20, 4}})
     for (bool bf16 : {false, true})
       for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
         std::mt19937_64 rng(uint64_t(s.Hk * 1000 + s.dv * 10 + bf16));
         const int64_t key_dim = int64_t(s.Hk) * s.dk, value_dim = int64_t(s.Hv) * s.dv;
         const int64_t C = 2 * key_dim + value_dim;
         const auto conv_w = randn(size_t(C * s.K), rng, 0.5f), A_log = randn(size_t(s.Hv), rng, 0.5f);
+        std::vector<float> conv_taps(conv_w.size());  // [K][C], as the model binds it
+        for (int64_t ch = 0; ch < C; ++ch)
+          for (int t = 0; t < s.K; ++t) conv_taps[size_t(t * C + ch)] = conv_w[size_t(ch * s.K + t)];
         const auto dt_bias = randn(size_t(s.Hv), rng), norm_w = randn(size_t(s.dv), rng);
         const size_t elt = bf16 ? 2 : 4;
         std::vector<uint8_t> conv_ref(size_t((s.K - 1) * C) * elt, 0), conv_fused = conv_ref;
@@ -74,7 +78,7 @@ TEST(GdnDecode, FusedStepEqualsTheUnfusedOpsBitForBit) {
                        1e-6, state_ref.data(), out_ref.data());
           const ops::GdnDecodeArgs args{s.Hk,          s.Hv,         s.dk,           s.dv,
                                         s.K,           qkv.data(),   z.data(),       b.data(),
-                                        a.data(),      conv_w.data(), conv_fused.data(), bf16,
+                                        a.data(),      conv_taps.data(), conv_fused.data(), bf16,
                                         A_log.data(),  dt_bias.data(), norm_w.data(), 1e-6,
                                         state_fused.data(), out_fused.data()};
           ops::gated_delta_net_decode(p, args);
