@@ -1,6 +1,7 @@
 // The engine's own speed measurement (`kiln engine bench`, bench/engine_speed_bench): prefill and
 // decode tokens/s of one model on this machine, bytes read per decoded token, and the achieved
-// bandwidth against the read bandwidth measured on the spot with the same thread count.
+// bandwidth against the read bandwidth measured on the spot with the same thread count. Runs
+// follow one untimed warm-up, so the first is not the one that faults the weights in.
 #pragma once
 
 #include <cstdint>
