@@ -4,7 +4,8 @@
 // (make-tiny MoE: hidden 1024, 16 layers, 64 experts top-8, vocab 32768, bf16) into --model.
 //
 //   build/bin/engine_speed_bench --model /tmp/bench-shape --make-bench-shape
-//       [--weights q8|q4|bf16|stored] [--threads N] [--prompt-tokens 512] [--gen-tokens 128] [--runs 3] [--json]
+//       [--weights q8|q4|bf16|stored] [--cache-dtype f32|bf16] [--threads N] [--prompt-tokens 512]
+//       [--gen-tokens 128] [--runs 3] [--json]
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,7 +21,10 @@ int main(int argc, char** argv) {
   SpeedBenchOptions o;
   bool make = false, json = false;
   std::string cmdline;
-  for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i) cmdline += ' ';
+    cmdline += argv[i];  // appended in place: `" " + std::string(…)` tripped GCC 12's -Wrestrict
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -46,6 +50,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.weights = *choice;
+    } else if (a == "--cache-dtype") {
+      const std::string v = value();
+      if (v != "f32" && v != "bf16") {
+        std::fprintf(stderr, "engine_speed_bench: --cache-dtype %s: expected f32 or bf16\n", v.c_str());
+        return 2;
+      }
+      o.cache_dtype = v == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
     } else {
       std::fprintf(stderr, "engine_speed_bench: unknown option %s\n", a.c_str());
       return 2;
