@@ -244,9 +244,14 @@ std::string BatchBenchReport::to_json() const {
                          {"experts_per_layer", r.experts_per_layer},
                          {"prefill_tok_s", r.prefill_tok_s},
                          {"prefill_step_ms", r.prefill_step_ms}});
-  nlohmann::json j{{"weights", weights},       {"cache_dtype", cache_dtype}, {"threads", threads},
-                   {"prompt_tokens", prompt_tokens}, {"gen_tokens", gen_tokens},   {"runs", runs},
-                   {"prefill_chunk", prefill_chunk}, {"sessions", rows_json}};
+  nlohmann::json j{{"weights", weights},
+                   {"cache_dtype", cache_dtype},
+                   {"threads", threads},
+                   {"prompt_tokens", prompt_tokens},
+                   {"gen_tokens", gen_tokens},
+                   {"runs", runs},
+                   {"prefill_chunk", prefill_chunk},
+                   {"sessions", rows_json}};
   if (fairness)
     j["fairness"] = {{"decoders", fairness->decoders},
                      {"prompt_tokens", fairness->prompt_tokens},
@@ -265,8 +270,8 @@ std::string BatchBenchReport::to_json() const {
 
 std::string BatchBenchReport::to_table(const std::string& command) const {
   std::string out = "`" + command + "`\n\nweights " + weights + ", cache " + cache_dtype + ", " +
-                    std::to_string(threads) + " threads, prompt " +
-                    std::to_string(prompt_tokens) + ", gen " + std::to_string(gen_tokens) +
+                    std::to_string(threads) + " threads, prompt " + std::to_string(prompt_tokens) + ", gen " +
+                    std::to_string(gen_tokens) +
                     (runs > 1 ? " (median of " + std::to_string(runs) + " rounds)" : std::string()) +
                     ", prefill chunk " + std::to_string(prefill_chunk) + "\n\n";
   out +=

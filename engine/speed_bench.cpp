@@ -75,7 +75,8 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
      // run 1 prefilled at ~1/10 of the warm rate). 64 tokens route to nearly every expert.
     auto warm = m.open_session();
     if (!warm) return make_error(warm.error());
-    auto l = (*warm)->append(std::span<const int32_t>(prompt.data(), size_t(std::min<int64_t>(64, o.prompt_tokens))));
+    auto l = (*warm)->append(
+        std::span<const int32_t>(prompt.data(), size_t(std::min<int64_t>(64, o.prompt_tokens))));
     if (!l) return make_error(l.error());
   }
   std::vector<double> prefill, decode;
@@ -128,15 +129,16 @@ std::string SpeedBenchReport::to_json() const {
 
 std::string SpeedBenchReport::to_table() const {
   char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "| weights | cache | threads | prefill tok/s (%lld) | decode tok/s (%lld) | MB/token (weights+state) | "
-                "achieved GB/s | measured GB/s | of bandwidth |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
-                "| %s | %s | %d | %.1f | %.1f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.0f%% |\n",
-                static_cast<long long>(prompt_tokens), static_cast<long long>(gen_tokens), weights.c_str(),
-                cache_dtype.c_str(), threads,
-                prefill_tok_s, decode_tok_s, bytes_per_token / 1e6, weight_bytes_per_token / 1e6,
-                state_bytes_per_token / 1e6, achieved_gb_s, measured_gb_s, 100 * bandwidth_fraction);
+  std::snprintf(
+      buf, sizeof buf,
+      "| weights | cache | threads | prefill tok/s (%lld) | decode tok/s (%lld) | MB/token (weights+state) | "
+      "achieved GB/s | measured GB/s | of bandwidth |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+      "| %s | %s | %d | %.1f | %.1f | %.1f (%.1f+%.1f) | %.1f | %.1f | %.0f%% |\n",
+      static_cast<long long>(prompt_tokens), static_cast<long long>(gen_tokens), weights.c_str(),
+      cache_dtype.c_str(), threads, prefill_tok_s, decode_tok_s, bytes_per_token / 1e6,
+      weight_bytes_per_token / 1e6, state_bytes_per_token / 1e6, achieved_gb_s, measured_gb_s,
+      100 * bandwidth_fraction);
   return buf;
 }
 

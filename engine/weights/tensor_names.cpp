@@ -183,7 +183,8 @@ Status bind_layer(Binder& b, const ModelConfig& c, int i, LayerWeights& l) {
     KILN_CHECK(b.vector(g + "conv1d.weight", {{c.conv_dim(), 1, K}, {c.conv_dim(), K}}, l.gdn.conv1d));
     l.gdn.conv1d_taps.resize(l.gdn.conv1d.size());
     for (int64_t ch = 0; ch < c.conv_dim(); ++ch)
-      for (int64_t s = 0; s < K; ++s) l.gdn.conv1d_taps[size_t(s * c.conv_dim() + ch)] = l.gdn.conv1d[size_t(ch * K + s)];
+      for (int64_t s = 0; s < K; ++s)
+        l.gdn.conv1d_taps[size_t(s * c.conv_dim() + ch)] = l.gdn.conv1d[size_t(ch * K + s)];
     KILN_CHECK(b.vector(g + "A_log", {{Hv}}, l.gdn.A_log));
     KILN_CHECK(b.vector(g + "dt_bias", {{Hv}}, l.gdn.dt_bias));
     KILN_CHECK(b.vector(g + "norm.weight", {{c.linear_value_head_dim}}, l.gdn.norm));

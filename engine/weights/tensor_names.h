@@ -22,8 +22,8 @@ struct AttentionWeights {
 
 struct DeltaNetWeights {
   Matrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
-  std::vector<float> conv1d;       // [conv_dim][K]
-  std::vector<float> conv1d_taps;  // [K][conv_dim]: the same, tap-major, so decode reads channels in order
+  std::vector<float> conv1d;          // [conv_dim][K]
+  std::vector<float> conv1d_taps;     // [K][conv_dim]: the same, tap-major, so decode reads channels in order
   std::vector<float> A_log, dt_bias;  // [Hv]
   std::vector<float> norm;            // [dv], applied as stored
 };

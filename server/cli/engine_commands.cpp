@@ -369,12 +369,12 @@ void add_bench(CLI::App& engine, Context& ctx) {
       if (!r) return void(fail(ctx, "bench", r.error()));
       if (a->json) ctx.out << r->to_json() << "\n";
       else
-        ctx.out << r->to_table("kiln engine bench --model " + a->model + " --weights " + a->weights +
-                               " --cache-dtype " + a->cache_dtype + " --threads " + std::to_string(a->threads) +
-                               " --sessions " + a->sessions + " --prompt-tokens " + std::to_string(a->prompt_tokens) +
-                               " --gen-tokens " + std::to_string(a->gen_tokens) + " --runs " + std::to_string(a->runs) +
-                               " --prefill-chunk " + std::to_string(a->prefill_chunk) + " --fairness-prompt " +
-                               std::to_string(a->fairness_prompt));
+        ctx.out << r->to_table(
+            "kiln engine bench --model " + a->model + " --weights " + a->weights + " --cache-dtype " +
+            a->cache_dtype + " --threads " + std::to_string(a->threads) + " --sessions " + a->sessions +
+            " --prompt-tokens " + std::to_string(a->prompt_tokens) + " --gen-tokens " +
+            std::to_string(a->gen_tokens) + " --runs " + std::to_string(a->runs) + " --prefill-chunk " +
+            std::to_string(a->prefill_chunk) + " --fairness-prompt " + std::to_string(a->fairness_prompt));
       return;
     }
     SpeedBenchOptions o;

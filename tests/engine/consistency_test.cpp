@@ -122,8 +122,8 @@ TEST_P(Twins, Bf16CacheStaysNearTheExactCache) {
   const auto pa = run(**a, toks, n), pb = run(**b, toks, n);
   const auto sa = run(**a, toks, 40), sb = run(**b, toks, 40);
   const double prefill = rel_l2(pb.data(), pa.data(), n * V), split = rel_l2(sb.data(), sa.data(), n * V);
-  std::printf("[ info ] %s: bf16 vs f32 cache, rel L2 %.2e (prefill), %.2e (prefill 40, decode 50)\n", shape.name,
-              prefill, split);
+  std::printf("[ info ] %s: bf16 vs f32 cache, rel L2 %.2e (prefill), %.2e (prefill 40, decode 50)\n",
+              shape.name, prefill, split);
   EXPECT_GT(prefill, 0.0);  // the cache really is bf16
   EXPECT_LT(prefill, 5e-3) << shape.name;
   EXPECT_LT(split, 0.2) << shape.name;

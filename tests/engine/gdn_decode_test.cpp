@@ -55,7 +55,8 @@ void unfused_step(const Shape& s, const float* qkv, const float* z, const float*
 TEST(GdnDecode, FusedStepEqualsTheUnfusedOpsBitForBit) {
   ThreadPool pool(3);
   // dk = 24 and r·dv = 40: runs of 16 channels and a shorter one
-  for (const Shape s : {Shape{2, 4, 16, 8, 4}, Shape{3, 3, 32, 16, 4}, Shape{1, 2, 8, 24, 3}, Shape{2, 4, 24, 20, 4}})
+  for (const Shape s :
+       {Shape{2, 4, 16, 8, 4}, Shape{3, 3, 32, 16, 4}, Shape{1, 2, 8, 24, 3}, Shape{2, 4, 24, 20, 4}})
     for (bool bf16 : {false, true})
       for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
         std::mt19937_64 rng(uint64_t(s.Hk * 1000 + s.dv * 10 + bf16));
@@ -76,11 +77,24 @@ TEST(GdnDecode, FusedStepEqualsTheUnfusedOpsBitForBit) {
           std::vector<float> out_ref(static_cast<size_t>(value_dim)), out_fused(static_cast<size_t>(value_dim));
           unfused_step(s, qkv.data(), z.data(), b.data(), a.data(), conv_w, conv_ref, bf16, A_log, dt_bias, norm_w,
                        1e-6, state_ref.data(), out_ref.data());
-          const ops::GdnDecodeArgs args{s.Hk,          s.Hv,         s.dk,           s.dv,
-                                        s.K,           qkv.data(),   z.data(),       b.data(),
-                                        a.data(),      conv_taps.data(), conv_fused.data(), bf16,
-                                        A_log.data(),  dt_bias.data(), norm_w.data(), 1e-6,
-                                        state_fused.data(), out_fused.data()};
+          const ops::GdnDecodeArgs args{s.Hk,
+                                        s.Hv,
+                                        s.dk,
+                                        s.dv,
+                                        s.K,
+                                        qkv.data(),
+                                        z.data(),
+                                        b.data(),
+                                        a.data(),
+                                        conv_taps.data(),
+                                        conv_fused.data(),
+                                        bf16,
+                                        A_log.data(),
+                                        dt_bias.data(),
+                                        norm_w.data(),
+                                        1e-6,
+                                        state_fused.data(),
+                                        out_fused.data()};
           ops::gated_delta_net_decode(p, args);
           const char* where = p ? "pool" : "no pool";
           ASSERT_EQ(0, std::memcmp(out_ref.data(), out_fused.data(), out_ref.size() * 4))
