@@ -85,7 +85,10 @@ struct Shape {
 int main(int argc, char** argv) {
   Options o;
   std::string cmdline;
-  for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i) cmdline += ' ';
+    cmdline += argv[i];  // appended in place: `" " + std::string(…)` tripped GCC 12's -Wrestrict
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--threads") o.threads = std::atoi(v.c_str());
