@@ -83,6 +83,7 @@ inline int q4_value(const uint8_t* q, int64_t nb, int64_t slot) {
 }
 // Natural order (weight e of block b at 32b + e) → slot order, one row of nb blocks: the fast
 // quantizers compute natural order and reorder with these (defined once, outside any SIMD code).
+// natural and slots must not overlap.
 void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb);
 void q16_to_slot_order(const int16_t* natural, int16_t* slots, int64_t nb);
 // q4 nibble values (0..15, natural order) → the packed quants of one row.

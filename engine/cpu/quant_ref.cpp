@@ -133,29 +133,29 @@ void quantize_row_q4_ref(const float* src, uint8_t* dst, int64_t cols) {
 }
 
 namespace {
-// Pairs (two consecutive weights of a block) as units of `Pair`, through aligned copies: a row's
-// pairs need not be aligned.
-template <class Pair>
+// Pairs (two consecutive quants of a block: kPairBytes bytes) moved straight from natural order
+// to slot order; memcpy because a row's pairs need not be aligned. natural and slots are distinct.
+template <size_t kPairBytes>
 void pairs_to_slot_order(const void* natural, void* slots, int64_t nb) {
-  thread_local std::vector<Pair> in, out;
-  in.resize(static_cast<size_t>(nb * 16));
-  out.resize(in.size());
-  std::memcpy(in.data(), natural, in.size() * sizeof(Pair));
+  const auto* in = static_cast<const uint8_t*>(natural);
+  auto* out = static_cast<uint8_t*>(slots);
   const int64_t full = nb & ~int64_t{7};
   for (int64_t g = 0; g < full / 8; ++g)
     for (int64_t i = 0; i < 8; ++i)
-      for (int64_t p = 0; p < 16; ++p) out[size_t(g * 128 + p * 8 + i)] = in[size_t((g * 8 + i) * 16 + p)];
-  for (int64_t j = full * 16; j < nb * 16; ++j) out[size_t(j)] = in[size_t(j)];
-  std::memcpy(slots, out.data(), out.size() * sizeof(Pair));
+      for (int64_t p = 0; p < 16; ++p)
+        std::memcpy(out + size_t(g * 128 + p * 8 + i) * kPairBytes, in + size_t((g * 8 + i) * 16 + p) * kPairBytes,
+                    kPairBytes);
+  const size_t tail = size_t(full * 16) * kPairBytes;  // trailing blocks stay in natural order
+  std::memcpy(out + tail, in + tail, size_t((nb - full) * 16) * kPairBytes);
 }
 }  // namespace
 
 void q8_to_slot_order(const int8_t* natural, int8_t* slots, int64_t nb) {
-  pairs_to_slot_order<uint16_t>(natural, slots, nb);
+  pairs_to_slot_order<2>(natural, slots, nb);
 }
 
 void q16_to_slot_order(const int16_t* natural, int16_t* slots, int64_t nb) {
-  pairs_to_slot_order<uint32_t>(natural, slots, nb);
+  pairs_to_slot_order<4>(natural, slots, nb);
 }
 
 void q4_pack(const uint8_t* natural_nibbles, uint8_t* q, int64_t nb) {
