@@ -52,11 +52,12 @@ int main(int argc, char** argv) {
       o.weights = *choice;
     } else if (a == "--cache-dtype") {
       const std::string v = value();
-      if (v != "f32" && v != "bf16") {
+      const auto dtype = parse_cache_dtype(v);
+      if (!dtype) {
         std::fprintf(stderr, "engine_speed_bench: --cache-dtype %s: expected f32 or bf16\n", v.c_str());
         return 2;
       }
-      o.cache_dtype = v == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
+      o.cache_dtype = *dtype;
     } else {
       std::fprintf(stderr, "engine_speed_bench: unknown option %s\n", a.c_str());
       return 2;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cache/kv_pool.h"
 #include "engine/cpu/quant.h"
 
 namespace kiln::server {
@@ -199,7 +200,7 @@ std::optional<std::string> parse_model(const json& j, const std::string& path, M
   if (!engine::cpu::parse_weight_choice(m.weights))
     return r.field("weights") + ": expected " + std::string(engine::cpu::kWeightChoicesText);
   KILN_TRY(r.string("cache_dtype", m.cache_dtype));
-  if (m.cache_dtype != "f32" && m.cache_dtype != "bf16") return r.field("cache_dtype") + ": expected f32 or bf16";
+  if (!engine::parse_cache_dtype(m.cache_dtype)) return r.field("cache_dtype") + ": expected f32 or bf16";
   KILN_TRY(r.integer("idle_unload_seconds", m.idle_unload_seconds, 0));
   if (r.has("sampling")) KILN_TRY(parse_sampling(r.at("sampling"), r.field("sampling"), m.sampling));
   return r.reject_unknown();

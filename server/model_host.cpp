@@ -175,7 +175,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     options.kv_budget_bytes = static_cast<int64_t>(s.config.kv_budget_bytes);
     options.max_sessions = s.config.max_sessions;
     options.weights = engine::cpu::parse_weight_choice(s.config.weights).value_or(std::nullopt);  // validated
-    options.cache_dtype = s.config.cache_dtype == "bf16" ? engine::CacheDtype::bf16 : engine::CacheDtype::f32;
+    options.cache_dtype = engine::parse_cache_dtype(s.config.cache_dtype).value_or(engine::CacheDtype::f32);  // validated
     auto loaded = std::make_shared<Loaded>();
     std::string error;
     auto model = engine::Model::load(s.config.path, options);

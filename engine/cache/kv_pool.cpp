@@ -10,6 +10,12 @@ namespace kiln::engine {
 
 const char* cache_dtype_name(CacheDtype d) { return d == CacheDtype::f32 ? "f32" : "bf16"; }
 
+std::optional<CacheDtype> parse_cache_dtype(std::string_view name) {
+  for (CacheDtype d : {CacheDtype::f32, CacheDtype::bf16})
+    if (name == cache_dtype_name(d)) return d;
+  return std::nullopt;
+}
+
 KvPool::KvPool(KvLayout layout, int64_t max_pages)
     : layout_(layout), max_pages_(max_pages), pages_(new std::unique_ptr<uint8_t[]>[size_t(max_pages)]) {}
 

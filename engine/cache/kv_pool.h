@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "engine/status.h"
@@ -21,6 +23,9 @@ namespace kiln::engine {
 
 enum class CacheDtype { f32, bf16 };
 const char* cache_dtype_name(CacheDtype d);
+// The names users write (`--cache-dtype`, a model's "cache_dtype"): "f32" or "bf16"; nullopt
+// for anything else.
+std::optional<CacheDtype> parse_cache_dtype(std::string_view name);
 inline size_t cache_dtype_size(CacheDtype d) { return d == CacheDtype::f32 ? 4 : 2; }
 
 struct KvLayout {

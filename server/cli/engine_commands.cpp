@@ -67,6 +67,10 @@ std::optional<cpu::WeightFormat> weights_choice(const std::string& w) {
   return cpu::parse_weight_choice(w).value_or(std::nullopt);  // checked by the option already
 }
 
+CacheDtype cache_dtype_choice(const std::string& d) {
+  return parse_cache_dtype(d).value_or(CacheDtype::f32);  // checked by the option already
+}
+
 void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model, "Model directory (config.json + safetensors)")->required();
   sub->add_option("--threads", a.threads, "Worker threads (0: all cores)");
@@ -81,7 +85,7 @@ Result<std::unique_ptr<Model>> load(const ModelArgs& a, int max_sessions = 2) {
   EngineOptions o;
   o.threads = a.threads;
   o.max_sessions = max_sessions;
-  o.cache_dtype = a.cache_dtype == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
+  o.cache_dtype = cache_dtype_choice(a.cache_dtype);
   o.kv_budget_bytes = int64_t(4) << 30;
   o.weights = weights_choice(a.weights);
   o.progress = true;  // quantizing a large model takes a while: show it on stderr
@@ -350,7 +354,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
       o.model_dir = a->model;
       o.weights = weights_choice(a->weights);
       o.threads = a->threads;
-      o.cache_dtype = a->cache_dtype == "bf16" ? CacheDtype::bf16 : CacheDtype::f32;
+      o.cache_dtype = cache_dtype_choice(a->cache_dtype);
       o.prompt_tokens = a->prompt_tokens;
       o.gen_tokens = a->gen_tokens;
       o.progress = true;
