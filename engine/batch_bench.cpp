@@ -221,14 +221,16 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
     for (const StepRecord& r : log)
       if (r.prefill_rows > 0) during.push_back(r);
     f.chunks = int(alone_log.size());
-    f.same_cut = !during.empty() && during.size() == alone_log.size();
-    for (size_t k = 0; f.same_cut && k < during.size(); ++k)
-      f.same_cut = during[k].prefill_rows == alone_log[k].prefill_rows;
-    for (size_t k = 0; f.same_cut && k < during.size(); ++k) {
-      const double extra = during[k].ms - alone_log[k].ms;
-      f.worst_extra_ms = k == 0 ? extra : std::max(f.worst_extra_ms, extra);
-      f.mean_extra_ms += extra / double(during.size());
-    }
+    f.same_cut = !during.empty() && std::equal(during.begin(), during.end(), alone_log.begin(), alone_log.end(),
+                                               [](const StepRecord& a, const StepRecord& b) {
+                                                 return a.prefill_rows == b.prefill_rows;
+                                               });
+    if (f.same_cut)
+      for (size_t k = 0; k < during.size(); ++k) {
+        const double extra = during[k].ms - alone_log[k].ms;
+        f.worst_extra_ms = k == 0 ? extra : std::max(f.worst_extra_ms, extra);
+        f.mean_extra_ms += extra / double(during.size());
+      }
     report.fairness = f;
   }
   return report;

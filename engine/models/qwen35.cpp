@@ -209,8 +209,8 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
       const ops::GdnDecodeArgs args{Hk, Hv, dk, dv, K, c_all + r0 * C, z_all + r0 * value_dim,
                                     b_all + r0 * Hv, alpha_all + r0 * Hv, w.conv1d_taps.data(),
                                     st.conv.data(), s.state->dtype == CacheDtype::bf16, w.A_log.data(),
-                                    w.dt_bias.data(),
-                                    w.norm.data(), c_.rms_norm_eps, st.recurrent.data(), o_all + r0 * value_dim};
+                                    w.dt_bias.data(), w.norm.data(), c_.rms_norm_eps, st.recurrent.data(),
+                                    o_all + r0 * value_dim};
       ops::gated_delta_net_decode(pool, args);
       return;
     }
