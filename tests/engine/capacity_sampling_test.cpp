@@ -35,6 +35,11 @@ TEST(Capacity, Dense27BMatchesNaiveAccounting) {
   EXPECT_EQ(p.kv_tokens, 552240);
 }
 
+TEST(Capacity, CacheDtypeNamesRoundTripAndRejectOthers) {
+  for (CacheDtype d : {CacheDtype::f32, CacheDtype::bf16}) EXPECT_EQ(parse_cache_dtype(cache_dtype_name(d)), d);
+  for (const char* bad : {"f16", "BF16", "", "fp32", "bf16 "}) EXPECT_FALSE(parse_cache_dtype(bad)) << bad;
+}
+
 TEST(Capacity, ParsesByteSizes) {
   EXPECT_EQ(parse_bytes("36GiB"), 38654705664);
   EXPECT_EQ(parse_bytes("512MiB"), 536870912);
