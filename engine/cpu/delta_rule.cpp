@@ -6,10 +6,12 @@
 // Γ is non-increasing (g ≤ 0), so every exponent of a difference is ≤ 0: nothing overflows. A last
 // chunk shorter than C is the same as zero padding. Twin: gated_delta_rule_recurrent.
 //
-// The chunk math runs in double (inputs, outputs and the stored state stay f32): solving (I+A) by
-// forward substitution amplifies rounding when keys are correlated, and in f32 that alone moved
-// the logits of small-head test models by ~3e-5 against the recurrent form. The cost is small next
-// to the projections; a SIMD f32 version with compensated sums is a job for the speed work.
+// The chunk-internal math runs in double: solving (I+A) by forward substitution amplifies
+// rounding when keys are correlated, and in f32 that alone moved the logits of small-head test
+// models by ~3e-5 against the recurrent form. The three products with the state (W S₀, Q S₀,
+// Kᵀ V': 3 of the 4.4 M multiply-adds of a 64-token chunk at dk = dv = 128) are plain sums of
+// well-scaled terms and run in float on the stored f32 state, at twice the double rate; the
+// state is rounded to f32 once per chunk (the recurrent form rounds it after every token).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -17,31 +19,34 @@
 #include <immintrin.h>
 
 #include "engine/cpu/cpu_features.h"
-#include "engine/cpu/gemm_f64.h"
+#include "engine/cpu/gemm_small.h"
 #include "engine/ops.h"
 
 namespace kiln::engine::ops {
 
-// As matrix operations (cpu::gemm_f64, AVX2 when present): per chunk, the Gram matrices KKᵀ and
-// QKᵀ, the inverse of the unit lower-triangular (I+A) (n³/6 flops, n ≤ 64), U and W as products
-// with it, V' = U − W S₀, O = diag(e^Γ) Q S₀ + (QK ⊙ decay) V', S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V'.
+// As matrix operations (cpu::gemm_f64/gemm_f32, AVX2 when present): per chunk, the Gram matrices
+// KKᵀ and QKᵀ, the inverse of the unit lower-triangular (I+A) (n³/6 flops, n ≤ 64), U and W as
+// products with it, V' = U − W S₀, O = diag(e^Γ) Q S₀ + (QK ⊙ decay) V', S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V'.
 void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
   using Acc = double;
   const int r = a.Hv / a.Hk, dk = a.dk, dv = a.dv;
   constexpr int C = kDeltaRuleChunk;
   auto head = [&](int64_t j0, int64_t j1) {
-    // Per-thread scratch, grown once (~0.7 MB at dk = dv = 128): allocating and zeroing it per
+    // Per-thread scratch, grown once (~0.8 MB at dk = dv = 128): allocating and zeroing it per
     // call cost a memset and, past malloc's mmap threshold, page faults every layer. Every
     // element read below is written first in the same chunk.
-    thread_local std::vector<Acc> G, Kc, Qc, Kt, Vc, KK, QK, Tinv, U, W, Vp, O, S;
+    thread_local std::vector<Acc> G, Kc, Qc, Kt, Vc, KK, QK, Tinv, U, W, Vp, O;
+    thread_local std::vector<float> Wf, Qf, Ktf, Vpf, Of;
     for (auto [v, size] : {std::pair{&G, size_t(C)}, {&Kc, size_t(C) * dk}, {&Qc, size_t(C) * dk},
                            {&Kt, size_t(dk) * C}, {&Vc, size_t(C) * dv}, {&KK, size_t(C) * C}, {&QK, size_t(C) * C},
                            {&Tinv, size_t(C) * C}, {&U, size_t(C) * dv}, {&W, size_t(C) * dk}, {&Vp, size_t(C) * dv},
-                           {&O, size_t(C) * dv}, {&S, size_t(dk) * dv}})
+                           {&O, size_t(C) * dv}})
+      if (v->size() < size) v->resize(size);
+    for (auto [v, size] : {std::pair{&Wf, size_t(C) * dk}, {&Qf, size_t(C) * dk}, {&Ktf, size_t(dk) * C},
+                           {&Vpf, size_t(C) * dv}, {&Of, size_t(C) * dv}})
       if (v->size() < size) v->resize(size);
     for (int64_t j = j0; j < j1; ++j) {
-      float* state = a.state + j * dk * dv;
-      std::copy(state, state + dk * dv, S.begin());
+      float* S = a.state + j * dk * dv;  // [dk][dv], updated in place chunk by chunk
       const int64_t m = j / r;
       for (int64_t c0 = 0; c0 < a.T; c0 += C) {
         const int n = int(std::min<int64_t>(C, a.T - c0));
@@ -89,29 +94,31 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
         }
         cpu::gemm_f64(n, dv, n, 1.0, Tinv.data(), n, Vc.data(), dv, 0.0, U.data(), dv, cpu::Triangle::lower_a);
         cpu::gemm_f64(n, dk, n, 1.0, Tinv.data(), n, Kc.data(), dk, 0.0, W.data(), dk, cpu::Triangle::lower_a);
-        // V' = U − W S₀
-        std::copy(U.begin(), U.begin() + size_t(n) * dv, Vp.begin());
-        cpu::gemm_f64(n, dv, dk, -1.0, W.data(), dk, S.data(), dv, 1.0, Vp.data(), dv);
-        // O = diag(e^Γ) Q S₀ + QK V'
+        // V' = U − W S₀ (float; V' is rounded to float once, and both uses below read that value)
+        for (size_t i = 0; i < size_t(n) * dk; ++i) Wf[i] = float(W[i]);
+        for (size_t i = 0; i < size_t(n) * dv; ++i) Vpf[i] = float(U[i]);
+        cpu::gemm_f32(n, dv, dk, -1.0f, Wf.data(), dk, S, dv, 1.0f, Vpf.data(), dv);
+        for (size_t i = 0; i < size_t(n) * dv; ++i) Vp[i] = Vpf[i];
+        // O = diag(e^Γ) Q S₀ (float) + QK V' (double)
         for (int i = 0; i < n; ++i) {
           const Acc eg = std::exp(G[size_t(i)]);
-          for (int d = 0; d < dk; ++d) Qc[size_t(i * dk + d)] *= eg;
+          for (int d = 0; d < dk; ++d) Qf[size_t(i * dk + d)] = float(Qc[size_t(i * dk + d)] * eg);
         }
-        cpu::gemm_f64(n, dv, dk, 1.0, Qc.data(), dk, S.data(), dv, 0.0, O.data(), dv);
+        cpu::gemm_f32(n, dv, dk, 1.0f, Qf.data(), dk, S, dv, 0.0f, Of.data(), dv);
+        for (size_t i = 0; i < size_t(n) * dv; ++i) O[i] = Of[i];
         cpu::gemm_f64(n, dv, n, 1.0, QK.data(), n, Vp.data(), dv, 1.0, O.data(), dv, cpu::Triangle::lower_a);
         for (int i = 0; i < n; ++i) {
           float* out = a.out + ((c0 + i) * a.Hv + j) * dv;
           for (int e = 0; e < dv; ++e) out[e] = float(O[size_t(i * dv + e)]);
         }
-        // S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V',  f_l = e^{Γ_n−Γ_l}
+        // S = e^{Γ_n} S₀ + (f ⊙ K)ᵀ V',  f_l = e^{Γ_n−Γ_l} (float, in place)
         const Acc gn = G[size_t(n - 1)];
         for (int l = 0; l < n; ++l) {
           const Acc f = std::exp(gn - G[size_t(l)]);
-          for (int d = 0; d < dk; ++d) Kt[size_t(d * n + l)] *= f;
+          for (int d = 0; d < dk; ++d) Ktf[size_t(d * n + l)] = float(Kt[size_t(d * n + l)] * f);
         }
-        cpu::gemm_f64(dk, dv, n, 1.0, Kt.data(), n, Vp.data(), dv, std::exp(gn), S.data(), dv);
+        cpu::gemm_f32(dk, dv, n, 1.0f, Ktf.data(), n, Vpf.data(), dv, float(std::exp(gn)), S, dv);
       }
-      for (int64_t i = 0; i < int64_t(dk) * dv; ++i) state[i] = float(S[size_t(i)]);  // S may be larger
     }
   };
   if (pool) pool->parallel_for(a.Hv, 1, head);

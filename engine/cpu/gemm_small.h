@@ -1,9 +1,11 @@
-// Small dense double-precision matrix products for the chunked gated delta rule (delta_rule.cpp),
-// whose chunk math runs in double (see there why). Row-major with leading dimensions:
+// Small dense matrix products for the chunked gated delta rule (delta_rule.cpp): double for the
+// chunk-internal math (see there why), float for the products with the state. Row-major with
+// leading dimensions:
 //   C[m][n] = beta·C + alpha · A[m][k] · B[k][n]        (beta = 0: C is only written)
-// gemm_f64 picks the AVX2+FMA kernel when the CPU has it (6×8 register tiles; 4×8 and single
-// rows at the edge), else the reference. Twin: gemm_f64_ref (plain loops), compared in
-// tests/engine/kernel_gemm_f64_test.cpp.
+// gemm_f64/gemm_f32 pick the AVX2+FMA kernel when the CPU has it (6-row tiles of two vectors'
+// columns: 6×8 doubles, 6×16 floats; 4-row and single-row tiles at the edge), else the
+// reference. Every entry sums its k terms in order, whatever the tiling. Twins: the _ref plain
+// loops, compared in tests/engine/kernel_gemm_small_test.cpp.
 #pragma once
 
 namespace kiln::engine::cpu {
@@ -18,5 +20,10 @@ void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const
               double* C, int ldc, Triangle shape = Triangle::none);
 void gemm_f64_ref(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb,
                   double beta, double* C, int ldc);
+
+void gemm_f32(int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+              float* C, int ldc);
+void gemm_f32_ref(int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                  float* C, int ldc);
 
 }  // namespace kiln::engine::cpu

@@ -1,12 +1,12 @@
-// The double-precision matrix product behind the chunked delta rule: fast (AVX2 4×8 tiles with
-// column and row tails) vs the plain reference, for accumulate and overwrite modes.
+// The small matrix products behind the chunked delta rule: fast (AVX2 6-row tiles with column and
+// row tails) vs the plain reference, in double and float, for accumulate and overwrite modes.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "engine/cpu/gemm_f64.h"
+#include "engine/cpu/gemm_small.h"
 
 namespace kiln::engine::cpu {
 namespace {
@@ -33,6 +33,37 @@ TEST(KernelGemmF64, FastMatchesReferenceIncludingTails) {
       if (!(std::fabs(got[i] - want[i]) <= kFastVsRefRel * std::sqrt(double(c.k)) * (1 + std::fabs(want[i])) * 10)) {
         ADD_FAILURE() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " at " << i << ": " << got[i] << " vs " << want[i];
         ++bad;
+      }
+  }
+}
+
+// Float: the same tiles at 8 lanes (slabs of 16 columns). FMA against separate multiply-add and a
+// different order of the alpha/beta steps: a few ulps of the sum of |terms|.
+TEST(KernelGemmF32, FastMatchesReferenceIncludingTails) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 1);
+  struct Case { int m, n, k; float alpha, beta; };
+  const Case cases[] = {{1, 1, 1, 1, 0},      {3, 5, 7, -1, 1},       {4, 16, 128, 1, 0}, {64, 128, 128, -1, 1},
+                        {63, 63, 128, 1, 0},   {128, 128, 64, 1, 0.9f}, {5, 17, 3, 2, 0.5f}, {65, 33, 1, 1, 1}};
+  for (const Case& c : cases) {
+    std::vector<float> A(size_t(c.m) * c.k), B(size_t(c.k) * c.n), C0(size_t(c.m) * c.n);
+    for (auto& v : A) v = nd(rng);
+    for (auto& v : B) v = nd(rng);
+    for (auto& v : C0) v = nd(rng);
+    auto want = C0, got = C0;
+    gemm_f32_ref(c.m, c.n, c.k, c.alpha, A.data(), c.k, B.data(), c.n, c.beta, want.data(), c.n);
+    gemm_f32(c.m, c.n, c.k, c.alpha, A.data(), c.k, B.data(), c.n, c.beta, got.data(), c.n);
+    int bad = 0;
+    for (int i = 0; i < c.m && bad < 10; ++i)
+      for (int j = 0; j < c.n && bad < 10; ++j) {
+        double magnitude = std::fabs(double(c.beta) * C0[size_t(i * c.n + j)]);  // Σ|terms| of this entry
+        for (int p = 0; p < c.k; ++p) magnitude += std::fabs(double(c.alpha) * A[size_t(i * c.k + p)] * B[size_t(p * c.n + j)]);
+        const double err = std::fabs(double(got[size_t(i * c.n + j)]) - want[size_t(i * c.n + j)]);
+        if (!(err <= 4 * 1.2e-7 * std::sqrt(double(c.k)) * magnitude + 1e-30)) {
+          ADD_FAILURE() << "m=" << c.m << " n=" << c.n << " k=" << c.k << " at " << i << "," << j << ": "
+                        << got[size_t(i * c.n + j)] << " vs " << want[size_t(i * c.n + j)];
+          ++bad;
+        }
       }
   }
 }
