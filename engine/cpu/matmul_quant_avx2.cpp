@@ -293,6 +293,23 @@ inline void transpose8x8(const __m256i* m, __m256i* col) {
   col[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
 }
 
+// fp16 values [off, off + nb) of eight rows (nullptr: a missing row, zeros) as floats, block-major:
+// out[b·kPanelRows + i] is row i's value b. Eight blocks at a time: a row's eight values convert
+// as one vector, and an 8×8 transpose turns rows into blocks.
+inline void unpack_scales(const uint16_t* const* d, int64_t off, int64_t nb, float* out) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    __m256i m[8], col[8];
+    for (int i = 0; i < 8; ++i)
+      m[i] = d[i] ? _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + off + b))))
+                  : _mm256_setzero_si256();
+    transpose8x8(m, col);
+    for (int c = 0; c < 8; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (b + c) * kPanelRows), col[c]);
+  }
+  for (; b < nb; ++b)
+    for (int i = 0; i < 8; ++i) out[b * kPanelRows + i] = d[i] ? _cvtsh_ss(d[i][off + b]) : 0.0f;
+}
+
 // Unpacks rows [r, r + n) (n ≤ 16; missing rows are zero) into the panel layout: pair p of block b
 // for 16 rows at p.w + b·512 + p·32. In a group, the eight rows' pair-p vectors (lanes = blocks)
 // transpose into one vector per block (lanes = rows); a trailing block's two halves (lanes =
@@ -333,13 +350,8 @@ void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const PanelScratc
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (half * 8 + c) * 2 * kPanelRows), col[c]);
       }
     }
-    for (int i = 0; i < 8; ++i) {
-      const int64_t row = v * 8 + i;
-      for (int64_t b = 0; b < nb; ++b) {
-        p.d[b * kPanelRows + row] = d[i] ? _cvtsh_ss(d[i][b]) : 0.0f;
-        if constexpr (F::kOffset) p.m[b * kPanelRows + row] = d[i] ? _cvtsh_ss(d[i][nb + b]) : 0.0f;
-      }
-    }
+    unpack_scales(d, 0, nb, p.d + v * 8);
+    if constexpr (F::kOffset) unpack_scales(d, nb, nb, p.m + v * 8);
   }
 }
 
