@@ -78,18 +78,30 @@ std::string resolve_on_path(const std::string& command) {
   return "";
 }
 
-std::string ensure_home(const Policy& policy) {
-  fs::path kiln_dir = policy.workspace / ".kiln";
-  fs::path home = kiln_dir / "home";
-  std::error_code ec;
-  if (fs::is_directory(home, ec)) return "";
-  fs::create_directories(home, ec);
-  if (ec) return "cannot create " + home.string() + ": " + ec.message();
-  if (geteuid() == 0) {
-    if (auto e = give_to(kiln_dir, policy); !e.empty()) return e;
-    if (auto e = give_to(home, policy); !e.empty()) return e;
+namespace {
+
+// A real directory at `dir` (not a symlink: commands own the workspace and may have put a link to
+// elsewhere there, which kiln, often root, must not create into or chown). Anything else found
+// there is removed first.
+std::string ensure_real_dir(const fs::path& dir, const Policy& policy) {
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return "";
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // a symlink is removed itself, never its target
+    if (ec) return "cannot remove " + dir.string() + " (not a directory): " + ec.message();
   }
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return "cannot create " + dir.string() + ": " + std::strerror(errno);
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return dir.string() + ": not a directory after creating it";
+  if (geteuid() == 0) return give_to(dir, policy);
   return "";
+}
+
+}  // namespace
+
+std::string ensure_home(const Policy& policy) {
+  if (auto e = ensure_real_dir(policy.workspace / ".kiln", policy); !e.empty()) return e;
+  return ensure_real_dir(policy.workspace / ".kiln" / "home", policy);
 }
 
 std::string prepare_workspace(const Policy& policy) {

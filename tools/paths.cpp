@@ -95,7 +95,9 @@ Outcome<ResolvedPath> resolve_in_workspace(const fs::path& workspace, const std:
 
 Outcome<std::string> read_bytes(const fs::path& path, std::size_t max_bytes) {
   Outcome<std::string> out;
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever (the model
+  // can mkfifo in the workspace); it is cleared once fstat says this is a regular file.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     out.error = "cannot open " + path.string() + ": " + std::strerror(errno);
     return out;
@@ -104,6 +106,10 @@ Outcome<std::string> read_bytes(const fs::path& path, std::size_t max_bytes) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     out.error = path.string() + " is not a regular file";
+    return out;
+  }
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    out.error = "cannot read " + path.string() + ": " + std::strerror(errno);
     return out;
   }
   if (static_cast<std::size_t>(st.st_size) > max_bytes) {
@@ -125,36 +131,77 @@ Outcome<std::string> read_bytes(const fs::path& path, std::size_t max_bytes) {
 
 Outcome<bool> write_bytes(const fs::path& workspace, const fs::path& path, const std::string& bytes) {
   Outcome<bool> out;
-  struct stat root_st {};
-  if (stat(workspace.c_str(), &root_st) != 0) {
-    out.error = "workspace " + workspace.string() + ": " + std::strerror(errno);
+  std::error_code ec;
+  const fs::path root_path = fs::canonical(workspace, ec);
+  if (ec) {
+    out.error = "workspace " + workspace.string() + ": " + ec.message();
     return out;
   }
-  bool root = geteuid() == 0;
-  // Missing parents, created one by one so each gets the workspace's owner.
-  std::vector<fs::path> missing;
-  for (fs::path dir = path.parent_path(); !fs::exists(dir); dir = dir.parent_path()) missing.push_back(dir);
-  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-    if (mkdir(it->c_str(), 0755) != 0 && errno != EEXIST) {
-      out.error = "cannot create directory " + it->string() + ": " + std::strerror(errno);
-      return out;
-    }
-    if (root && lchown(it->c_str(), root_st.st_uid, root_st.st_gid) != 0) {
-      out.error = "cannot chown " + it->string() + ": " + std::strerror(errno);
-      return out;
-    }
+  fs::path relative = path.lexically_normal().lexically_relative(root_path);
+  if (relative.empty() || *relative.begin() == "..")  // given under the workspace as named, not canonical
+    relative = path.lexically_normal().lexically_relative(workspace.lexically_normal());
+  if (relative.empty() || *relative.begin() == ".." || relative.filename().empty() || relative.filename() == "." ||
+      relative.filename() == "..") {
+    out.error = path.string() + " is not a file path inside the workspace " + root_path.string();
+    return out;
   }
+  const int root_fd = open(root_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) {
+    out.error = "workspace " + root_path.string() + ": " + std::strerror(errno);
+    return out;
+  }
+  FdCloser root_closer{root_fd};
+  struct stat root_st {};
+  if (fstat(root_fd, &root_st) != 0) {
+    out.error = "workspace " + root_path.string() + ": " + std::strerror(errno);
+    return out;
+  }
+  const bool root = geteuid() == 0;
+  // Down to the parent directory one component at a time, never through a symlink: commands in
+  // the sandbox own the tree and may have replaced any directory with a link to elsewhere, and
+  // kiln (root, often) must not write there. Missing directories are created as they are met,
+  // owned like the workspace root.
+  int dir_fd = dup(root_fd);
+  if (dir_fd < 0) {
+    out.error = std::string("dup: ") + std::strerror(errno);
+    return out;
+  }
+  FdCloser dir_closer{dir_fd};
+  fs::path walked = root_path;
+  for (const fs::path& part : relative.parent_path()) {
+    if (part == ".") continue;
+    walked /= part;
+    if (mkdirat(dir_closer.fd, part.c_str(), 0755) == 0) {
+      if (root && fchownat(dir_closer.fd, part.c_str(), root_st.st_uid, root_st.st_gid, AT_SYMLINK_NOFOLLOW) != 0) {
+        out.error = "cannot chown " + walked.string() + ": " + std::strerror(errno);
+        return out;
+      }
+    } else if (errno != EEXIST) {
+      out.error = "cannot create directory " + walked.string() + ": " + std::strerror(errno);
+      return out;
+    }
+    const int next = openat(dir_closer.fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) {
+      out.error = errno == ELOOP || errno == ENOTDIR
+                      ? walked.string() + " is not a directory (a symlink or a file); refused"
+                      : "cannot open directory " + walked.string() + ": " + std::strerror(errno);
+      return out;
+    }
+    close(dir_closer.fd);
+    dir_closer.fd = next;
+  }
+  const std::string name = relative.filename().string();
   struct stat old {};
-  bool exists = lstat(path.c_str(), &old) == 0;
+  const bool exists = fstatat(dir_closer.fd, name.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
   if (exists && !S_ISREG(old.st_mode)) {
     out.error = path.string() + " exists and is not a regular file";
     return out;
   }
   std::mt19937_64 rng(std::random_device{}());
-  fs::path temp = path.parent_path() / (".kiln-tmp-" + std::to_string(rng()) + "-" + path.filename().string());
-  int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const std::string temp = ".kiln-tmp-" + std::to_string(rng()) + "-" + name;
+  int fd = openat(dir_closer.fd, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
-    out.error = "cannot create " + temp.string() + ": " + std::strerror(errno);
+    out.error = "cannot create " + (walked / temp).string() + ": " + std::strerror(errno);
     return out;
   }
   {
@@ -165,7 +212,7 @@ Outcome<bool> write_bytes(const fs::path& workspace, const fs::path& path, const
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         out.error = "cannot write " + path.string() + ": " + std::strerror(errno);
-        unlink(temp.c_str());
+        unlinkat(dir_closer.fd, temp.c_str(), 0);
         return out;
       }
       done += static_cast<std::size_t>(n);
@@ -175,9 +222,9 @@ Outcome<bool> write_bytes(const fs::path& workspace, const fs::path& path, const
     if (root) (void)!fchown(fd, uid, gid);
     if (exists) fchmod(fd, old.st_mode & 07777);
   }
-  if (rename(temp.c_str(), path.c_str()) != 0) {
+  if (renameat(dir_closer.fd, temp.c_str(), dir_closer.fd, name.c_str()) != 0) {
     out.error = "cannot replace " + path.string() + ": " + std::strerror(errno);
-    unlink(temp.c_str());
+    unlinkat(dir_closer.fd, temp.c_str(), 0);
     return out;
   }
   out.value = true;

@@ -29,7 +29,10 @@ Outcome<std::string> read_bytes(const std::filesystem::path& path, std::size_t m
 
 // Replaces the file's bytes atomically (temp file + rename) keeping the old file's mode and owner;
 // a new file gets mode 0644 and the owner of the workspace root (the sandbox uid), so commands in
-// the sandbox can go on editing it. Creates missing parent directories the same way.
+// the sandbox can go on editing it. Creates missing parent directories the same way. `path` must
+// lie under `workspace`; it is reached from the workspace root one directory at a time without
+// following a symlink, so a directory the sandbox replaced with a link is refused, not written
+// through.
 Outcome<bool> write_bytes(const std::filesystem::path& workspace, const std::filesystem::path& path, const std::string& bytes);
 
 // True when the text looks binary (a NUL byte in its first 8 KiB).

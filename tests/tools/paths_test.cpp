@@ -1,6 +1,7 @@
 // Paths from the model: escapes by `..`, absolute paths and symlinks are refused; files outside
 // the workspace stay untouched.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -40,6 +41,21 @@ TEST(Paths, SymlinkedDirectoryLeadingOutIsRefused) {
   EXPECT_TRUE(c.is_error);
   EXPECT_EQ(access("/tmp/kiln-escape-test", F_OK), -1);
   EXPECT_TRUE(f.call("grep", {{"pattern", "root"}, {"path", "up/etc"}}).is_error);
+}
+
+// A FIFO the model made: opening it to read would wait for a writer forever, and nothing in the
+// tool path looks at cancellation. Every file tool refuses it at once.
+TEST(Paths, FifoIsRefusedWithoutBlocking) {
+  ToolFixture f;
+  ASSERT_EQ(mkfifo((f.ws.path() / "notes.txt").c_str(), 0644), 0);
+  for (const auto& [tool, args] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"view", {{"path", "notes.txt"}}},
+           {"str_replace", {{"path", "notes.txt"}, {"old_str", "a"}, {"new_str", "b"}}},
+           {"insert", {{"path", "notes.txt"}, {"insert_line", 0}, {"new_str", "x"}}},
+           {"grep", {{"pattern", "a"}, {"path", "notes.txt"}}}}) {
+    ToolResult r = f.call(tool, args);  // a hang here fails the test by the suite's timeout
+    EXPECT_TRUE(r.is_error || r.text.find("No matches") != std::string::npos) << tool << ": " << r.text;
+  }
 }
 
 TEST(Paths, DotDotAndAbsolutePathsOutsideAreRefused) {

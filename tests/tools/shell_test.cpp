@@ -37,6 +37,29 @@ TEST(Bash, LongOutputIsCutForTheModelAndSavedWhole) {
   EXPECT_EQ(r.data["saved_output"], ".kiln/outputs/1.log");
 }
 
+// The sandbox owns .kiln/: a command can swap .kiln/outputs (or .kiln itself) for a link to a
+// host directory. Saving the next long output must not write through it (kiln often runs as root):
+// a linked outputs/ is refused, a linked .kiln is replaced by a real directory before the next
+// command runs.
+TEST(Bash, SavedOutputNeverFollowsALinkPlacedByACommand) {
+  ToolFixture f;
+  kiln::testing::TempWorkspace outside;
+  for (const char* link : {".kiln/outputs", ".kiln"}) {
+    ToolResult swap = f.call("bash", {{"command", std::string("rm -rf ") + link + " && ln -s " + outside.path().string() + " " + link}});
+    ASSERT_FALSE(swap.is_error) << swap.text;
+    ToolResult r = f.call("bash", {{"command", "seq 1 100000"}});
+    EXPECT_NE(r.text.find("100000\n"), std::string::npos);  // the model still sees head and tail
+    EXPECT_TRUE(std::filesystem::is_empty(outside.path())) << link;
+    if (std::string(link) == ".kiln/outputs") {
+      EXPECT_NE(r.text.find("could not save"), std::string::npos) << r.data.dump().substr(0, 600);
+    } else {
+      EXPECT_FALSE(std::filesystem::is_symlink(f.ws.path() / ".kiln"));
+      EXPECT_EQ(r.data["saved_output"], ".kiln/outputs/2.log");
+      EXPECT_EQ(f.ws.read(".kiln/outputs/2.log").size(), r.data["total_output_bytes"].get<size_t>());
+    }
+  }
+}
+
 TEST(Bash, TimeoutIsClampedToTheBuildLimit) {
   ToolFixture f;
   f.ctx.max_command_timeout = 700ms;
