@@ -56,6 +56,26 @@ std::vector<pid_t> descendants(pid_t root) {
   return out;
 }
 
+std::vector<pid_t> zombie_children_named(const char* comm) {
+  std::vector<pid_t> out;
+  std::unique_ptr<DIR, int (*)(DIR*)> tasks(opendir("/proc/self/task"), closedir);
+  if (!tasks) return out;
+  while (dirent* task = readdir(tasks.get())) {
+    if (task->d_name[0] == '.') continue;
+    std::ifstream children(std::string("/proc/self/task/") + task->d_name + "/children");
+    pid_t pid;
+    while (children >> pid) {
+      std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const auto open = stat.find('('), close = stat.rfind(')');
+      if (open == std::string::npos || close == std::string::npos || close + 2 >= stat.size()) continue;
+      if (stat.compare(open + 1, close - open - 1, comm) == 0 && stat[close + 2] == 'Z') out.push_back(pid);
+    }
+  }
+  return out;
+}
+
 void signal_tree(pid_t root, int sig, bool include_root) {
   if (include_root) kill(-root, sig);  // root called setsid(): its pgid is its pid
   for (pid_t pid : descendants(root)) kill(pid, sig);

@@ -15,4 +15,7 @@ std::vector<pid_t> descendants(pid_t root);
 // calling setsid, as bwrap's --new-session does).
 void signal_tree(pid_t root, int sig, bool include_root);
 
+// Children of this process that are zombies named `comm`, from /proc/self/task/*/children.
+std::vector<pid_t> zombie_children_named(const char* comm);
+
 }  // namespace kiln::sandbox

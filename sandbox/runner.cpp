@@ -19,6 +19,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "sandbox/cgroup.h"
 #include "sandbox/output_capture.h"
@@ -120,6 +122,32 @@ std::vector<std::pair<int, rlimit>> rlimits_for(const Limits& l) {
           {RLIMIT_CORE, both(0)}};
 }
 
+// bwrap with a pid namespace is two processes: the outer one (our child) and the namespace's
+// init. The outer one exits as soon as init reports the command's status, before init itself is
+// reaped, so init is orphaned; where kiln is the orphans' reaper (pid 1 of a container, or a
+// subreaper) nothing else collects it, and the zombies pile up against the sandbox uid's
+// RLIMIT_NPROC until no command can start. Each run ends by reaping such zombies: children named
+// bwrap that no run is waiting for (every run's own outer bwrap is in this registry from fork()
+// until its wait4, so one run never steals another's exit status).
+std::mutex g_outer_mu;
+std::set<pid_t> g_outer_pids;  // GUARDED_BY(g_outer_mu)
+
+void reap_orphaned_sandbox_inits() {
+  std::lock_guard lock(g_outer_mu);
+  for (pid_t pid : zombie_children_named("bwrap"))
+    if (!g_outer_pids.count(pid)) waitpid(pid, nullptr, WNOHANG);
+}
+
+// bwrap reports its own setup failures (before the command starts) as "bwrap: <what>" and exit
+// status 1: that is the sandbox failing, not the command. "" when the result is the command's,
+// including "bwrap: execvp <cmd>: ..." (the command does not exist: the caller's mistake).
+std::string bwrap_setup_failure(const Result& r) {
+  if (r.timed_out || r.cancelled || r.exit_code != 1 || r.output.rfind("bwrap: ", 0) != 0) return "";
+  if (r.output.rfind("bwrap: execvp ", 0) == 0) return "";
+  const std::string line = r.output.substr(0, r.output.find('\n'));
+  return "sandbox could not start: " + line;
+}
+
 }  // namespace
 
 Result run(const std::vector<std::string>& argv, const Policy& policy, const RunOptions& options) {
@@ -188,12 +216,27 @@ Result run(const std::vector<std::string>& argv, const Policy& policy, const Run
   std::vector<char*> c_argv = c_strings(plan.args);
   std::vector<char*> c_env = c_strings(plan.env);
   pid_t parent = getpid();
-  pid_t pid = fork();
+  pid_t pid;
+  {
+    std::lock_guard lock(g_outer_mu);  // registered before it can exit (see reap_orphaned_sandbox_inits)
+    pid = fork();
+    if (pid == 0) child_main(plan, c_argv.data(), c_env.data(), devnull.fd, out_w.fd, status_w.fd, parent);
+    if (pid > 0) g_outer_pids.insert(pid);
+  }
   if (pid < 0) {
     result.error = std::string("fork failed: ") + std::strerror(errno);
     return result;
   }
-  if (pid == 0) child_main(plan, c_argv.data(), c_env.data(), devnull.fd, out_w.fd, status_w.fd, parent);
+  struct Unregister {
+    pid_t pid;
+    ~Unregister() {
+      {
+        std::lock_guard lock(g_outer_mu);
+        g_outer_pids.erase(pid);
+      }
+      reap_orphaned_sandbox_inits();
+    }
+  } unregister{pid};
 
   out_w.reset();
   status_w.reset();
@@ -212,6 +255,7 @@ Result run(const std::vector<std::string>& argv, const Policy& policy, const Run
 
   Watch watch{pid, out_r.fd, start, policy, options, cgroup};
   watch.loop(result);
+  if (policy.mode == Mode::bwrap) result.error = bwrap_setup_failure(result);
   result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (std::uint64_t peak = cgroup.peak_memory_bytes(); peak > 0) result.peak_rss_bytes = peak;
   return result;

@@ -1,5 +1,6 @@
 // run(): results, environment, limits and errors, with the real bwrap.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "sandbox/process_tree.h"
 #include "sandbox/sandbox.h"
 #include "sandbox/temp_workspace.h"
 
@@ -146,6 +148,38 @@ TEST(Runner, UnknownCommandIsAnExitCodeNotACrash) {
   ASSERT_TRUE(r.ok()) << r.error;
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no-such-command-kiln"), std::string::npos) << r.output;
+}
+
+// bwrap's own failures (here a stand-in bwrap failing the way the real one does when it cannot
+// set up the namespace) are the sandbox failing, not the command: an error, never an exit code the
+// model or the verify step would take for the command's.
+TEST(Runner, BwrapSetupFailureIsAnErrorNotTheCommandsExitCode) {
+  TempWorkspace ws, bin;
+  bin.write("bwrap", "#!/bin/sh\necho 'bwrap: Can'\\''t fork for pid 1: Resource temporarily unavailable' >&2\nexit 1\n");
+  ASSERT_EQ(chmod((bin.path() / "bwrap").c_str(), 0755), 0);
+  Policy p = ws.prepared_policy();
+  p.bwrap_path = bin.path() / "bwrap";
+  Result r = sh(p, "exit 0");
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.error, "sandbox could not start: bwrap: Can't fork for pid 1: Resource temporarily unavailable");
+  // The command's own "exit 1" with output of its own stays the command's.
+  Result own = sh(ws.prepared_policy(), "echo 'bwrap is not here'; exit 1");
+  EXPECT_TRUE(own.ok()) << own.error;
+  EXPECT_EQ(own.exit_code, 1);
+}
+
+// The namespace's init, orphaned when the outer bwrap exits first, comes to kiln where kiln is the
+// reaper (pid 1 of a container; a subreaper here): runs reap it, so zombies cannot pile up against
+// the sandbox uid's process limit.
+TEST(Runner, OrphanedSandboxInitsAreReaped) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  TempWorkspace ws;
+  const Policy p = ws.prepared_policy();
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(sh(p, "true").exit_code, 0);
+  std::this_thread::sleep_for(300ms);  // the last init exits after its outer bwrap
+  ASSERT_EQ(sh(p, "true").exit_code, 0);
+  EXPECT_LE(zombie_children_named("bwrap").size(), 1u);  // at most the last run's, still exiting
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
 
 TEST(Runner, ModeNoneRunsUnsandboxedAndSaysSo) {
