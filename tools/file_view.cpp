@@ -67,15 +67,28 @@ ToolResult view(const nlohmann::json& args, Context& ctx) {
   std::string body = numbered(text, first, last);
   if (body.size() > kMaxChars) {  // very long lines: cut at a line boundary
     std::size_t keep = body.rfind('\n', kMaxChars);
-    body.resize(keep == std::string::npos ? kMaxChars : keep + 1);
-    last = first + static_cast<std::size_t>(std::count(body.begin(), body.end(), '\n')) - 1;
+    if (keep == std::string::npos) {
+      // The first line alone is over the limit (minified code, data on one line): show its start,
+      // say how much is left and how to read it; the next range then starts after it.
+      const std::size_t line_end = std::min(body.find('\n'), body.size());
+      body.resize(kMaxChars);
+      body += "\n[... line " + std::to_string(first) + " goes on for " + std::to_string(line_end - kMaxChars) +
+              " more characters; read the rest with bash, e.g. sed -n " + std::to_string(first) + "p " + shown +
+              " | cut -c" + std::to_string(kMaxChars + 1) + "-" + std::to_string(2 * kMaxChars) + "]\n";
+      last = first;
+    } else {
+      body.resize(keep + 1);
+      last = first + static_cast<std::size_t>(std::count(body.begin(), body.end(), '\n')) - 1;
+    }
     cut = true;
   }
   std::string out = valid_utf8(body);
   if (total == 0) out = "[" + shown + " is empty]\n";
   if (cut) {
-    out += "[shown lines " + std::to_string(first) + "-" + std::to_string(last) + " of " + std::to_string(total) +
-           "; use view_range [" + std::to_string(last + 1) + ", " + std::to_string(std::min(total, last + kMaxLines)) + "] to see more]\n";
+    out += "[shown lines " + std::to_string(first) + "-" + std::to_string(last) + " of " + std::to_string(total);
+    if (last < total)
+      out += "; use view_range [" + std::to_string(last + 1) + ", " + std::to_string(std::min(total, last + kMaxLines)) + "] to see more";
+    out += "]\n";
   }
   return {out, {{"path", shown}, {"kind", "file"}, {"lines", total}, {"first", first}, {"last", last}, {"truncated", cut}}};
 }

@@ -73,9 +73,14 @@ ToolResult grep(const nlohmann::json& args, Context& ctx) {
   std::string out;
   std::size_t matches = 0, files_matched = 0;
   bool capped = false;
+  std::vector<std::string> too_big;
   for (const auto& file : files) {
     std::string relative = file.lexically_relative(root).string();
     if (!glob_matches(glob, relative)) continue;
+    if (std::error_code size_ec; fs::file_size(file, size_ec) > kMaxFileBytes && !size_ec) {
+      too_big.push_back(relative);  // said below: a silent skip reads as "not in the code"
+      continue;
+    }
     auto bytes = read_bytes(file, kMaxFileBytes);
     if (!bytes.ok() || looks_binary(bytes.value)) continue;
     const std::string& text = bytes.value;
@@ -101,7 +106,15 @@ ToolResult grep(const nlohmann::json& args, Context& ctx) {
   }
   if (matches == 0) out = "No matches for /" + pattern + "/" + (glob.empty() ? "" : " in files matching " + glob) + ".\n";
   if (capped) out += "[stopped at " + std::to_string(kMaxMatches) + " matches; narrow the pattern, path or glob]\n";
-  return {valid_utf8(out), {{"pattern", pattern}, {"matches", matches}, {"files", files_matched}, {"capped", capped}}};
+  if (!too_big.empty()) {
+    out += "[not searched: " + std::to_string(too_big.size()) + " file(s) over " + std::to_string(kMaxFileBytes >> 20) +
+           " MiB:";
+    for (std::size_t i = 0; i < too_big.size() && i < 10; ++i) out += " " + too_big[i];
+    if (too_big.size() > 10) out += " ...";
+    out += "; search them with bash, e.g. grep -n]\n";
+  }
+  return {valid_utf8(out),
+          {{"pattern", pattern}, {"matches", matches}, {"files", files_matched}, {"capped", capped}, {"not_searched", too_big}}};
 }
 
 }  // namespace

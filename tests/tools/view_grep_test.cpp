@@ -30,6 +30,23 @@ TEST(View, LongFilesAreCappedWithAHowToSeeMoreNote) {
   EXPECT_NE(r.text.find("view_range [401, 800]"), std::string::npos) << r.text.substr(r.text.size() - 200);
 }
 
+// A line longer than the whole view (minified code): its start is shown with how much is left,
+// and following the notes walks forward through the file instead of repeating the same range.
+TEST(View, OverlongLineIsCutInsideWithANoteAndTheNextRangeMovesOn) {
+  ToolFixture f;
+  f.ws.write("min.js", "first\n" + std::string(50'000, 'x') + "\nlast\n");
+  ToolResult r1 = f.call("view", {{"path", "min.js"}});
+  EXPECT_EQ(r1.text.rfind("     1\tfirst\n[shown lines 1-1 of 3; use view_range [2, 3] to see more]\n", 0), 0u) << r1.text.substr(0, 200);
+  ToolResult r2 = f.call("view", {{"path", "min.js"}, {"view_range", {2, 3}}});
+  ASSERT_FALSE(r2.is_error) << r2.text.substr(0, 200);
+  EXPECT_LT(r2.text.size(), 21'000u);
+  EXPECT_NE(r2.text.find("\n[... line 2 goes on for "), std::string::npos);
+  EXPECT_NE(r2.text.find("use view_range [3, 3]"), std::string::npos) << r2.text.substr(r2.text.size() - 300);
+  EXPECT_EQ(r2.data["last"], 2);
+  ToolResult r3 = f.call("view", {{"path", "min.js"}, {"view_range", {3, 3}}});
+  EXPECT_EQ(r3.text, "     3\tlast\n");
+}
+
 TEST(View, DirectoryListsTwoLevelsSkippingHidden) {
   ToolFixture f;
   f.ws.write("src/main.c", "");
@@ -79,6 +96,20 @@ TEST(Grep, BadRegexAndNoMatchesAreReported) {
   ToolResult none = f.call("grep", {{"pattern", "zzz"}});
   EXPECT_FALSE(none.is_error);
   EXPECT_NE(none.text.find("No matches"), std::string::npos);
+}
+
+// Files too big to search are named, not skipped in silence ("No matches" would read as "this is
+// not in the code").
+TEST(Grep, FilesTooBigToSearchAreNamed) {
+  ToolFixture f;
+  f.ws.write("big/amalgamation.c", std::string(5u << 20, 'a') + "\nneedle\n");
+  f.ws.write("small.c", "no\n");
+  ToolResult r = f.call("grep", {{"pattern", "needle"}});
+  EXPECT_NE(r.text.find("No matches"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("[not searched: 1 file(s) over 4 MiB: big/amalgamation.c;"), std::string::npos) << r.text;
+  EXPECT_EQ(r.data["not_searched"], nlohmann::json::array({"big/amalgamation.c"}));
+  ToolResult one = f.call("grep", {{"pattern", "needle"}, {"path", "big/amalgamation.c"}});
+  EXPECT_NE(one.text.find("not searched"), std::string::npos) << one.text;
 }
 
 TEST(Grep, ResultsAreCapped) {
