@@ -100,13 +100,19 @@ class Agent {
     int64_t room = std::min<int64_t>(limits_.max_turn_tokens, limits_.min_turn_tokens);
     prompt_tokens_ = *needed;
     if (prompt_tokens_ + room <= model_.context_limit()) return std::nullopt;
-    for (int keep = limits_.keep_recent_turns; keep >= 0; --keep) {
-      auto compacted = compact_conversation(transcript_.messages(), keep);
+    // Fewer whole turns first; at zero, the unread results of the last turn are cut last of all.
+    std::vector<std::pair<int, size_t>> stages;
+    for (int keep = limits_.keep_recent_turns; keep >= 0; --keep) stages.emplace_back(keep, SIZE_MAX);
+    for (size_t unread : {size_t(16) << 10, size_t(4) << 10, size_t(1) << 10, size_t(256)}) stages.emplace_back(0, unread);
+    for (const auto& [keep, unread] : stages) {
+      auto compacted = compact_conversation(transcript_.messages(), keep, unread);
       auto after = model_.prompt_tokens(compacted, schemas_);
       if (!after) return Stop{StopReason::model_error, "cannot render the compacted conversation: " + after.error()};
       if (*after + room > model_.context_limit()) continue;
-      emit("compaction", {{"tokens_before", prompt_tokens_}, {"tokens_after", *after}, {"keep_recent_turns", keep},
-                          {"messages", compacted.size()}, {"context_limit", model_.context_limit()}});
+      Json details = {{"tokens_before", prompt_tokens_}, {"tokens_after", *after}, {"keep_recent_turns", keep},
+                      {"messages", compacted.size()}, {"context_limit", model_.context_limit()}};
+      if (unread != SIZE_MAX) details["unread_output_cut_to_bytes"] = unread;
+      emit("compaction", details);
       counters_.compactions = transcript_.replace_by_compaction(std::move(compacted));
       prompt_tokens_ = *after;
       return std::nullopt;
