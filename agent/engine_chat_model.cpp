@@ -136,8 +136,18 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
     return out;
   };
   const bool first = !base_;
+  if (first && session_->size() > 0) return fail("the session's first prefill was interrupted; it cannot be reused");
   auto p = pending(request.conversation, request.tools);
   if (!p) return fail(p.error());
+  // A prefill stopped by `cancel` leaves part of the new tokens in the session: the turn ends as
+  // cancelled, and a later turn starts again from base (or, before base exists, refuses).
+  auto prefill_failed = [&](const std::string& error) {
+    held_.clear();
+    if (!cancel.load()) return fail("prefill: " + error);
+    ModelTurn stopped = fail("prefill: " + error);
+    stopped.end = TurnEnd::cancelled;
+    return stopped;
+  };
 
   // Prefill only what is new.
   auto t0 = Clock::now();
@@ -149,13 +159,13 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   out.usage.prefilled_tokens = static_cast<int64_t>(p->tokens.size());
   if (first) {
     auto base_tokens = tokenizer_.encode(base_text_);
-    auto a = session_->append(base_tokens);
-    if (!a) return fail("prefill: " + a.error());
+    auto a = session_->append(base_tokens, false, &cancel);
+    if (!a) return prefill_failed(a.error());
     base_ = session_->checkpoint();
-    auto b = session_->append(std::span(p->tokens).subspan(base_tokens.size()));
-    if (!b) return fail("prefill: " + b.error());
-  } else if (auto a = session_->append(p->tokens); !a) {
-    return fail("prefill: " + a.error());
+    auto b = session_->append(std::span(p->tokens).subspan(base_tokens.size()), false, &cancel);
+    if (!b) return prefill_failed(b.error());
+  } else if (auto a = session_->append(p->tokens, false, &cancel); !a) {
+    return prefill_failed(a.error());
   }
   out.usage.prefill_s = seconds_since(t0);
 

@@ -121,7 +121,8 @@ Session::~Session() {
   model_.close_slot();
 }
 
-Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool all_logits) {
+Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool all_logits,
+                                          const std::atomic<bool>* cancel) {
   const ModelConfig& c = model_.config_;
   if (tokens.empty()) return make_error("append: no tokens");
   for (size_t i = 0; i < tokens.size(); ++i)
@@ -137,7 +138,13 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
     if (!s) return make_error(s.error());
   }
   std::vector<float> logits(static_cast<size_t>((all_logits ? T : 1) * c.vocab_size));
-  model_.scheduler_->append(seq_, tokens, all_logits, logits.data());
+  const int64_t before = size();
+  if (!model_.scheduler_->append(seq_, tokens, all_logits, logits.data(), cancel)) {
+    if (c.n_full_layers() > 0) seq_.state.kv->truncate(seq_.state.n_past);  // give back the rest
+    seq_.last_logits.clear();
+    return make_error("append: cancelled after " + std::to_string(size() - before) + " of " + std::to_string(T) +
+                      " tokens (those stay in the session)");
+  }
   return logits;
 }
 

@@ -145,8 +145,11 @@ class Session {
 
   // Prefills `tokens` after the history. Returns logits of the last position ([V]), or of every
   // new position ([T][V]) when all_logits. Errors: bad token id, context longer than
-  // max_position_embeddings, "context memory exhausted".
-  Result<std::vector<float>> append(std::span<const int32_t> tokens, bool all_logits = false);
+  // max_position_embeddings, "context memory exhausted". With `cancel`, setting it stops the
+  // prefill between chunks with an error: the exception to "changes nothing" — the chunks that
+  // ran stay in the history, and last_logits() is empty until the next append() or rewind().
+  Result<std::vector<float>> append(std::span<const int32_t> tokens, bool all_logits = false,
+                                    const std::atomic<bool>* cancel = nullptr);
 
   // Samples up to max_tokens from the last logits, appending each sampled token (so afterwards the
   // history holds them all and last_logits() follows the final one). on_token returns false to stop;

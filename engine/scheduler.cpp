@@ -26,6 +26,10 @@ struct Scheduler::Request {
   bool all_logits = false;
   float* out = nullptr;
   int64_t consumed = 0;
+  // A long prefill (a whole conversation after compaction: minutes on a CPU) must not hold up a
+  // cancelled build: planning a step looks at the flag and ends the append between chunks.
+  const std::atomic<bool>* cancel = nullptr;
+  bool cancelled = false;
   // generate
   const GenerateOptions* options = nullptr;
   std::optional<Sampler> sampler;
@@ -68,7 +72,8 @@ bool Scheduler::decode_ready(const Request& r) const {
   return r.forwarded < r.result.tokens.size() && r.forwarded < limit;
 }
 
-void Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out) {
+bool Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
+                       const std::atomic<bool>* cancel) {
   Request r;
   r.seq = &seq;
   r.tokens = tokens;
@@ -78,7 +83,9 @@ void Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_
   r.arrival = arrivals_++;
   queue_.push_back(&r);
   work_.notify_one();
+  r.cancel = cancel;
   r.done_cv.wait(lock, [&] { return r.done; });
+  return !r.cancelled;
 }
 
 Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions& options,
@@ -157,6 +164,9 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
         continue;
       }
       plan.push_back({r, 1});
+    } else if (r->cancel && r->cancel->load() && r->remaining() > 0) {
+      r->cancelled = r->done = true;
+      r->done_cv.notify_one();
     } else if (r->remaining() == 1) {
       plan.push_back({r, 1});  // a one-token append is a decode step
     } else if (r->remaining() > 1) {

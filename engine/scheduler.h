@@ -23,6 +23,7 @@
 // No lock is held while the forward pass or a callback runs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -76,8 +77,11 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Runs `tokens` after seq's history (ids valid, KV reserved by the caller) and writes logits
-  // of every position (all_logits, out [T][V]) or of the last (out [V]). Blocks until done.
-  void append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out);
+  // of every position (all_logits, out [T][V]) or of the last (out [V]). Blocks until done, or
+  // until *cancel is set: then it returns false at the next step (after at most the chunk in
+  // flight), with the chunks already run in seq's history and seq.last_logits not updated.
+  bool append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
+              const std::atomic<bool>* cancel = nullptr);
 
   // Samples from seq.last_logits (non-empty), forwarding each sampled token, until a stop
   // token, max_tokens, or on_token returns false. KV for each token is reserved before its step;

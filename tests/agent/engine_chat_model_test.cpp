@@ -64,6 +64,37 @@ TEST(EngineChatModel, thirty_turns_prefill_each_token_once) {
   EXPECT_EQ(model.rebuilds(), 0);
 }
 
+// Cancellation reaches the prefill, not only the decode: a turn cancelled before or during its
+// prefill ends as cancelled (never a model error), and the next turn starts again from the task.
+TEST(EngineChatModel, cancel_stops_the_prefill_and_the_next_turn_rebuilds) {
+  TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  auto opened = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
+  ASSERT_TRUE(opened.ok()) << opened.error();
+  EngineChatModel& model = *opened.value();
+  std::vector<Message> conv{make_message(Role::system, "You are kiln. Fix the bug."),
+                            make_message(Role::user, "median() is wrong for even lengths.")};
+  std::atomic<bool> cancel{true};
+  auto stopped = model.next_turn({conv, tools(), 4}, nullptr, cancel);
+  EXPECT_EQ(stopped.end, TurnEnd::cancelled) << stopped.error;
+  EXPECT_NE(stopped.error.find("cancelled"), std::string::npos) << stopped.error;
+  EXPECT_EQ(model.session().size(), 0);
+  cancel = false;
+  auto first = model.next_turn({conv, tools(), 4}, nullptr, cancel);
+  ASSERT_NE(first.end, TurnEnd::error) << first.error;
+  conv.push_back(first.message);
+  conv.push_back(tool_message(std::string(2000, 'x'), "call_0", "bash"));
+  cancel = true;  // a later turn's prefill: cancelled, then the next turn rewinds to the task
+  EXPECT_EQ(model.next_turn({conv, tools(), 4}, nullptr, cancel).end, TurnEnd::cancelled);
+  cancel = false;
+  auto again = model.next_turn({conv, tools(), 4}, nullptr, cancel);
+  ASSERT_NE(again.end, TurnEnd::error) << again.error;
+  EXPECT_EQ(model.rebuilds(), 1);
+  auto fresh = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
+  auto expected = (*fresh)->prompt_tokens(conv, tools());
+  EXPECT_EQ(model.session().size(), *expected + again.usage.generated_tokens);
+}
+
 TEST(EngineChatModel, compacted_conversation_rewinds_to_the_task_and_prefills_once) {
   TinyEngine tiny;
   ASSERT_TRUE(tiny.model && tiny.tokenizer);

@@ -2,6 +2,7 @@
 // or batched with others (mixed prefill lengths and decodes), on exact (f32, bf16) and q8
 // weights; chunked prefill equals one-shot prefill within the prefill/decode tolerance; sessions
 // on 8 threads through the scheduler match sequential runs.
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -170,6 +171,59 @@ TEST(ChunkedPrefill, EqualsOneShotPrefill) {
   auto gb = (*sb)->generate(g);
   ASSERT_TRUE(ga.ok() && gb.ok());
   EXPECT_EQ(ga->tokens, gb->tokens);
+}
+
+// A cancelled prefill stops between chunks (a cancelled build must not wait out a whole
+// conversation's prefill); the chunks that ran stay, and appending the rest gives the logits of
+// one uninterrupted prefill.
+TEST(ChunkedPrefill, CancelStopsBetweenChunksAndTheRestCanFollow) {
+  EngineOptions o;
+  o.prefill_chunk = 4;
+  auto model = Model::load(make_model(TinyModelOptions{}), o);
+  ASSERT_TRUE(model.ok()) << model.error();
+  Model& m = **model;
+  const int64_t V = m.config().vocab_size;
+  const auto toks = random_tokens(1200, V, 91);
+  auto fresh = m.open_session();
+  auto whole = (*fresh)->append(toks);
+  ASSERT_TRUE(whole.ok());
+
+  // Cancelled before it starts: nothing runs, nothing changes.
+  auto s = m.open_session();
+  ASSERT_TRUE(s.ok());
+  std::atomic<bool> cancel{true};
+  auto none = (*s)->append(toks, false, &cancel);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().find("cancelled after 0 of 1200 tokens"), std::string::npos) << none.error();
+  EXPECT_EQ((*s)->size(), 0);
+
+  // Cancelled mid-way (from another thread, once two steps ran): a few tries, in case a loaded
+  // machine wakes the canceller only after all 300 chunks are done.
+  int64_t ran = 0;
+  for (int attempt = 0; attempt < 5 && ran == 0; ++attempt) {
+    s = m.open_session();
+    cancel = false;
+    m.scheduler().clear_step_log();
+    std::thread canceller([&] {
+      while (m.scheduler().step_log().size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      cancel = true;
+    });
+    auto cut = (*s)->append(toks, false, &cancel);
+    canceller.join();
+    if (cut.ok()) continue;
+    EXPECT_NE(cut.error().find("cancelled after"), std::string::npos) << cut.error();
+    ran = (*s)->size();
+  }
+  ASSERT_GT(ran, 0) << "the prefill was never cut";
+  EXPECT_LT(ran, 1200);
+  EXPECT_EQ(ran % 4, 0);
+  EXPECT_TRUE(std::equal((*s)->tokens().begin(), (*s)->tokens().end(), toks.begin()));
+  EXPECT_TRUE((*s)->last_logits().empty());
+  EXPECT_FALSE((*s)->generate(GenerateOptions{}).ok());  // no logits to sample from
+  auto rest = (*s)->append(std::span(toks).subspan(size_t(ran)));
+  ASSERT_TRUE(rest.ok()) << rest.error();
+  EXPECT_LE(rel_l2(rest->data(), whole->data(), V), 5e-5);
+  EXPECT_EQ((*s)->tokens(), toks);
 }
 
 // Eight threads, each with its own session: prefill (some longer than a chunk) then generate,
