@@ -39,7 +39,7 @@ ToolResult insert(const nlohmann::json& args, Context& ctx) {
   std::size_t inserted = line_count(piece) == 0 ? 0 : line_count(piece);
   std::size_t first = static_cast<std::size_t>(after) + 1;
   std::string out = "Inserted " + std::to_string(inserted) + " line(s) after line " + std::to_string(after) + " of " + shown +
-                    ". Excerpt:\n" + valid_utf8(numbered(updated, first > 4 ? first - 4 : 1, first + inserted + 3));
+                    ". Excerpt:\n" + valid_utf8(edit_excerpt(updated, first, inserted > 0 ? first + inserted - 1 : first));
   return {out, {{"path", shown}, {"after_line", after}, {"lines_inserted", inserted}}};
 }
 

@@ -21,7 +21,9 @@ ToolResult bash(const nlohmann::json& args, Context& ctx) {
   if (args.contains("timeout")) {
     long long seconds = args["timeout"];
     if (seconds <= 0) return fail("timeout must be a positive number of seconds");
-    limit = std::min<std::chrono::milliseconds>(limit, std::chrono::seconds(seconds));
+    // Compared in seconds: converting a huge value to milliseconds first would overflow.
+    if (seconds <= std::chrono::duration_cast<std::chrono::seconds>(limit).count() && std::chrono::seconds(seconds) < limit)
+      limit = std::chrono::seconds(seconds);
   }
   policy.limits.wall_timeout = limit;
   policy.limits.output_head_bytes = std::max(policy.limits.output_head_bytes, kSavedHalf);

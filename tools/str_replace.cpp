@@ -17,11 +17,6 @@ std::vector<std::size_t> find_all(const std::string& haystack, const std::string
   return at;
 }
 
-// A numbered excerpt around lines [first, last] of text, with `context` lines either side.
-std::string snippet(const std::string& text, std::size_t first, std::size_t last, std::size_t context = 4) {
-  return numbered(text, first > context ? first - context : 1, last + context);
-}
-
 ToolResult str_replace(const nlohmann::json& args, Context& ctx) {
   std::string path = args["path"];
   std::string old_str = args["old_str"];
@@ -64,7 +59,7 @@ ToolResult str_replace(const nlohmann::json& args, Context& ctx) {
   std::size_t first = line_of(new_starts, at);
   std::size_t last = line_of(new_starts, new_str.empty() ? at : at + new_str.size() - 1);
   std::string out = "Edited " + shown + " (replaced 1 occurrence on line " + std::to_string(line_of(starts, at)) + "). Excerpt:\n" +
-                    valid_utf8(snippet(updated, first, last));
+                    valid_utf8(edit_excerpt(updated, first, last));
   return {out, {{"path", shown}, {"line", line_of(starts, at)}, {"crlf_adapted", converted},
                 {"removed_bytes", old_str.size()}, {"added_bytes", new_str.size()}}};
 }

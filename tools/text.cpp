@@ -38,6 +38,15 @@ std::string numbered(std::string_view text, std::size_t first, std::size_t last)
   return out;
 }
 
+std::string edit_excerpt(std::string_view text, std::size_t first, std::size_t last, std::size_t context) {
+  const std::size_t from = first > context ? first - context : 1, to = last + context;
+  if (to - from + 1 <= 2 * kExcerptEdgeLines + 1) return numbered(text, from, to);
+  const std::size_t head_end = from + kExcerptEdgeLines - 1, tail_start = std::min(to, line_count(text)) - kExcerptEdgeLines + 1;
+  if (tail_start <= head_end + 1) return numbered(text, from, to);
+  return numbered(text, from, head_end) + "[... " + std::to_string(tail_start - head_end - 1) + " lines not shown ...]\n" +
+         numbered(text, tail_start, to);
+}
+
 std::string line_ending(std::string_view text) {
   std::size_t lf = 0, crlf = 0;
   for (std::size_t i = 0; i < text.size(); ++i) {

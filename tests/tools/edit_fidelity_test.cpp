@@ -68,6 +68,24 @@ TEST(EditFidelity, StrReplaceReturnsANumberedSnippet) {
   EXPECT_NE(r.text.find("     2\tb\n"), std::string::npos) << r.text;
 }
 
+// A long edit is not echoed whole: its first and last lines, with the count left out between.
+TEST(EditFidelity, LongEditsShowTheirEdgesNotTheWholeText) {
+  ToolFixture f;
+  f.ws.write("big.txt", "top\nbottom\n");
+  std::string lines;
+  for (int i = 1; i <= 3000; ++i) lines += "line " + std::to_string(i) + "\n";
+  ToolResult ins = f.call("insert", {{"path", "big.txt"}, {"insert_line", 1}, {"new_str", lines}});
+  ASSERT_FALSE(ins.is_error) << ins.text.substr(0, 300);
+  EXPECT_LT(ins.text.size(), 2000u);
+  EXPECT_NE(ins.text.find("     1\ttop\n     2\tline 1\n"), std::string::npos) << ins.text;
+  EXPECT_NE(ins.text.find("[... 2978 lines not shown ...]\n"), std::string::npos) << ins.text;
+  EXPECT_NE(ins.text.find("  3001\tline 3000\n  3002\tbottom\n"), std::string::npos) << ins.text;
+  ToolResult rep = f.call("str_replace", {{"path", "big.txt"}, {"old_str", "bottom\n"}, {"new_str", lines}});
+  ASSERT_FALSE(rep.is_error) << rep.text.substr(0, 300);
+  EXPECT_LT(rep.text.size(), 2000u);
+  EXPECT_NE(rep.text.find("lines not shown"), std::string::npos) << rep.text;
+}
+
 TEST(EditFidelity, InsertKeepsCrlfBomAndMissingFinalNewline) {
   ToolFixture f;
   f.ws.write("c.txt", kBom + "one\r\ntwo\r\nthree");

@@ -69,6 +69,10 @@ TEST(Bash, TimeoutIsClampedToTheBuildLimit) {
   EXPECT_NE(r.text.find("timed out"), std::string::npos) << r.text;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
   EXPECT_TRUE(f.call("bash", {{"command", "true"}, {"timeout", 0}}).is_error);
+  // A huge timeout is the build's limit, not an overflow into a negative one.
+  ToolResult huge = f.call("bash", {{"command", "true"}, {"timeout", 10'000'000'000'000'000LL}});
+  EXPECT_FALSE(huge.is_error) << huge.text;
+  EXPECT_EQ(huge.data["timeout_seconds"], 0.7);
 }
 
 TEST(Bash, CancellationStopsTheCommandPromptly) {
