@@ -162,8 +162,13 @@ class BuildRun {
              "you start from a fresh checkout";
       return false;
     }
-    auto changes = tools::git_status(workspace_);
-    size_t changed = changes.ok() ? changes.value.size() : 0;
+    // Against the base, not HEAD: an attempt that got as far as committing left a clean tree.
+    size_t changed = 0;
+    if (auto diff = tools::git_diff(workspace_); diff.ok()) {
+      for (size_t at = diff.value.rfind("diff --git ", 0) == 0 ? 0 : diff.value.find("\ndiff --git "); at != std::string::npos;
+           at = diff.value.find("\ndiff --git ", at + 1))
+        ++changed;
+    }
     emit("log", {{"phase", "resume"}, {"from", "workspace"}, {"attempt", build_.attempt}, {"changed_files", changed},
                  {"message", "attempt " + previous + " was interrupted; restarting from its workspace"}});
     note = "attempt " + std::to_string(build_.attempt) + ": an earlier attempt was interrupted; the workspace keeps its "
@@ -244,6 +249,17 @@ class BuildRun {
     if (diff_.empty()) {
       emit("log", {{"phase", "commit"}, {"message", "no changes to commit"}});
       return "";
+    }
+    if (auto pending = tools::git_status(workspace_); pending.ok() && pending.value.empty()) {
+      // Differs from the base, nothing to commit: an earlier attempt committed before it was cut off.
+      auto head = tools::git_head_commit(workspace_);
+      if (!head.ok()) {
+        emit("error", {{"phase", "commit"}, {"message", "head commit: " + head.error}});
+        return "";
+      }
+      emit("log", {{"phase", "commit"}, {"commit", head.value}, {"branch", branch_}, {"diff_bytes", diff_.size()},
+                   {"message", "already committed by an earlier attempt"}});
+      return head.value;
     }
     auto commit = tools::git_commit_all(workspace_, build_.spec.task);
     if (!commit.ok()) {

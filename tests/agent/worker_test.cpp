@@ -8,6 +8,7 @@
 
 #include "agent/engine_provider.h"
 #include "agent/worker_pool.h"
+#include "tools/git.h"
 #include "test_support.h"
 
 namespace kiln::agent {
@@ -244,6 +245,41 @@ TEST(BuildPipeline, interrupted_build_resumes_from_its_workspace) {
   EXPECT_EQ(r2.status, BuildStatus::succeeded) << r2.message;
   auto events = p.events(first.id);
   EXPECT_LT(find_event(events, 0, "log", "\"from\":\"workspace\""), events.size());
+}
+
+// Attempt 1 got as far as committing its change before it was cut off: attempt 2 is told the
+// change is there (counted against the base, not HEAD) and reports that commit instead of failing
+// with "nothing to commit".
+TEST(BuildPipeline, resumed_build_whose_change_was_already_committed_reports_that_commit) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit("python3 -m unittest -q");
+  auto first = p.claim();
+  StopSignal stop1;
+  auto script1 = std::vector<ScriptedTurn>{turn_with(testing::fix_median_call()),
+                                           turn_with(call("view", Json{{"path", "."}}))};
+  script1[1].expect = [&](const std::vector<Message>&) { stop1.request(StopCause::shutdown); };
+  BuildReport r1 = run_build(*p.ts.store, first, p.options, scripted(script1), stop1);
+  ASSERT_FALSE(r1.finished);
+  auto committed = tools::git_commit_all(p.workspace(first.id), "attempt 1");  // as its commit phase would
+  ASSERT_TRUE(committed.ok()) << committed.error;
+
+  p.ts.clock->fetch_add(10'000);
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  StopSignal stop2;
+  auto script2 = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "already fixed"}}))};
+  script2[0].expect = [](const std::vector<Message>& seen) {
+    EXPECT_NE(seen[1].content.find("(1 files changed)"), std::string::npos) << seen[1].content;
+  };
+  BuildReport r2 = run_build(*p.ts.store, second, p.options, scripted(script2), stop2);
+  ASSERT_TRUE(r2.finished) << r2.message;
+  EXPECT_EQ(r2.status, BuildStatus::succeeded) << r2.message;
+  EXPECT_EQ(r2.commit, committed.value);
+  auto events = p.events(first.id);
+  EXPECT_EQ(find_event(events, 0, "error", "commit"), events.size());
+  EXPECT_LT(find_event(events, 0, "log", "already committed by an earlier attempt"), events.size());
+  EXPECT_NE(p.ts.store->get(first.id)->result_diff.value_or("").find("stats.py"), std::string::npos);
 }
 
 TEST(BuildPipeline, interrupted_build_without_workspace_says_it_restarts_from_scratch) {
