@@ -139,7 +139,12 @@ GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::
   if (git_config_set_string(cfg.get(), "kiln.base", base.c_str()) != 0) return failure<CloneInfo>("cannot record kiln.base");
   fs::path exclude = dest / ".git" / "info" / "exclude";
   fs::create_directories(exclude.parent_path(), ec);
-  std::ofstream(exclude, std::ios::app) << "\n# kiln's own files (saved command output, the sandbox $HOME)\n/.kiln/\n";
+  // Untracked caches that running a project's tests leaves behind (Python bytecode, test and type
+  // caches, installed packages) belong to no change; a repository without its own .gitignore
+  // would otherwise commit them. Tracked files are not affected by exclude.
+  std::ofstream(exclude, std::ios::app) << "\n# kiln's own files (saved command output, the sandbox $HOME)\n/.kiln/\n"
+                                           "# caches and installs that builds leave behind\n__pycache__/\n*.py[cod]\n"
+                                           ".pytest_cache/\n.mypy_cache/\n.ruff_cache/\nnode_modules/\n.venv/\n";
   out.value = {base, branch};
   return out;
 }

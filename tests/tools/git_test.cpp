@@ -115,6 +115,27 @@ TEST(Git, NewAndDeletedFilesAppearInDiffAndCommit) {
   EXPECT_EQ(git_cli(dest, "show --name-status --format= HEAD"), "D\tb.txt\nA\tnew/dir/c.txt");
 }
 
+// Caches a test run leaves behind in a repository without a .gitignore stay out of the change.
+TEST(Git, CachesLeftByTestRunsAreNotPartOfTheChange) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path dest = parent.path() / "ws";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest, "8").ok());
+  for (const char* dir : {"__pycache__", "pkg/__pycache__", ".pytest_cache/v", "node_modules/left-pad", ".venv/bin"})
+    std::filesystem::create_directories(dest / dir);
+  { std::ofstream(dest / "__pycache__/stats.cpython-311.pyc") << "bytecode"; }
+  { std::ofstream(dest / "pkg/__pycache__/m.cpython-311.pyc") << "bytecode"; }
+  { std::ofstream(dest / ".pytest_cache/v/lastfailed") << "{}"; }
+  { std::ofstream(dest / "node_modules/left-pad/index.js") << "x"; }
+  { std::ofstream(dest / ".venv/bin/python") << "x"; }
+  { std::ofstream(dest / "stray.pyc") << "x"; }
+  { std::ofstream(dest / "kept.py") << "print(1)\n"; }
+  auto status = git_status(dest);
+  ASSERT_TRUE(status.ok()) << status.error;
+  ASSERT_EQ(status.value.size(), 1u);
+  EXPECT_EQ(status.value[0].path, "kept.py");
+}
+
 TEST(Git, CloneAtATagOrCommit) {
   SourceRepo src;
   TempWorkspace parent;
