@@ -293,7 +293,12 @@ class BuildRun {
   }
 
   // Lease lost or shutting down: write nothing more; keep the workspace for a later attempt.
+  // Stopped without an outcome (shutdown, lost lease): the build goes back to the queue. What this
+  // attempt spent is added to the build's metrics while the lease still holds (after a lost lease
+  // the store's fence refuses it), so a resumed build's totals include the interrupted attempt.
   BuildReport abandoned(std::string message) {
+    metrics_.seconds_wall = seconds_since(started_);
+    (void)store_.add_metrics(build_.id, build_.attempt, metrics_);
     BuildReport report;
     report.message = std::move(message);
     return report;

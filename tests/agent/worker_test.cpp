@@ -245,6 +245,11 @@ TEST(BuildPipeline, interrupted_build_resumes_from_its_workspace) {
   EXPECT_EQ(r2.status, BuildStatus::succeeded) << r2.message;
   auto events = p.events(first.id);
   EXPECT_LT(find_event(events, 0, "log", "\"from\":\"workspace\""), events.size());
+  // The build's totals include what the interrupted attempt spent (two model turns, one tool call).
+  auto stored = p.ts.store->get(first.id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->metrics.steps, 3) << store::to_json(stored->metrics);
+  EXPECT_EQ(stored->metrics.tool_calls["str_replace"], 1) << store::to_json(stored->metrics);
 }
 
 // Attempt 1 got as far as committing its change before it was cut off: attempt 2 is told the
