@@ -167,6 +167,38 @@ std::string api_error_message(const ClientResponse& response) {
   return response.body;
 }
 
+std::string terminal_safe(std::string_view text) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n' || c == '\t') {
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      escape(c);
+    } else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      escape(static_cast<unsigned char>(text[++i]));  // C1 controls (U+0080-U+009F), e.g. CSI
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string cut_utf8(const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t end = max_bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;  // not inside a character
+  return text.substr(0, end);
+}
+
 std::string format_event_line(const nlohmann::json& event) {
   using nlohmann::json;
   std::string kind = event.value("kind", "?");
@@ -189,13 +221,20 @@ std::string format_event_line(const nlohmann::json& event) {
     if (p.contains("position") && p["position"].is_number_integer()) {
       line += " (place " + std::to_string(p["position"].get<int64_t>()) + " in line)";
     }
-    if (p.contains("reason") && p["reason"].is_string()) line += " (" + p["reason"].get<std::string>() + ")";
+    // The final status event names the outcome and, for a failed build, why.
+    for (const char* key : {"outcome", "reason"})
+      if (p.contains(key) && p[key].is_string()) {
+        line += " (" + p[key].get<std::string>() + ")";
+        break;
+      }
+    if (p.contains("error_message") && p["error_message"].is_string()) line += ": " + p["error_message"].get<std::string>();
   } else {
     std::string text = text_of(p);
     if (!text.empty()) line += " " + text;
   }
-  if (line.size() > 2000) line = line.substr(0, 2000) + " …";
-  return line;
+  if (line.size() > 2000) line = cut_utf8(line, 2000) + " …";
+  // Model output and command output are untrusted: no escape sequences reach the terminal.
+  return terminal_safe(line);
 }
 
 std::string url_encode(const std::string& value) {

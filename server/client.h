@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -64,5 +65,10 @@ std::string api_error_message(const ClientResponse& response);
 
 // One human-readable line for a build event (as the API returns it), e.g. "[12] tool_call bash: ls".
 std::string format_event_line(const nlohmann::json& event);
+// Text for a terminal: control characters other than newline and tab (C0, DEL, C1: the start of
+// escape sequences that retitle, clear or rewrite a terminal) shown as \xNN.
+std::string terminal_safe(std::string_view text);
+// The longest prefix of at most max_bytes that does not split a UTF-8 character.
+std::string cut_utf8(const std::string& text, size_t max_bytes);
 
 }  // namespace kiln::server

@@ -1,6 +1,9 @@
 #include "server/config.h"
 
 #include <charconv>
+#include <filesystem>
+#include <cstdint>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -66,7 +69,10 @@ bool parse_byte_size(const std::string& text, uint64_t& bytes) {
   }
   double value = 0;
   auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
-  if (number.empty() || ec != std::errc() || ptr != number.data() + number.size() || value <= 0) return false;
+  // !(value > 0) also refuses NaN ("nan" parses); sizes of 2^64 bytes and more do not fit.
+  if (number.empty() || ec != std::errc() || ptr != number.data() + number.size() || !(value > 0) ||
+      !(value * static_cast<double>(scale) < 18446744073709551616.0))
+    return false;
   bytes = static_cast<uint64_t>(value * static_cast<double>(scale));
   return bytes > 0;
 }
@@ -97,8 +103,11 @@ class ObjectReader {
   std::optional<std::string> integer(const std::string& key, Int& out, int64_t min_value) {
     if (!has(key)) return std::nullopt;
     const json& v = at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < min_value) {
-      return field(key) + ": expected an integer >= " + std::to_string(min_value);
+    // The upper bound of Int too: 4294967297 for an int field used to wrap around to 1.
+    const int64_t max_value = static_cast<int64_t>(std::min<uint64_t>(std::numeric_limits<Int>::max(), INT64_MAX));
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max_value)) ||
+        v.get<int64_t>() < min_value || v.get<int64_t>() > max_value) {
+      return field(key) + ": expected an integer from " + std::to_string(min_value) + " to " + std::to_string(max_value);
     }
     out = static_cast<Int>(v.get<int64_t>());
     return std::nullopt;
@@ -218,8 +227,14 @@ std::optional<std::string> parse_limits(const json& j, const std::string& path, 
 }  // namespace
 
 std::optional<std::string> parse_config_json(const std::string& text, ServerConfig& c) {
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return "not valid JSON";
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {  // its message says where: "at line L, column C"
+    std::string what = e.what();
+    const size_t at = what.find("parse error");
+    return "not valid JSON: " + (at == std::string::npos ? what : what.substr(at));
+  }
   if (!doc.is_object()) return "expected a JSON object at the top level";
   ObjectReader r(doc, "");
   std::string listen;
@@ -231,11 +246,14 @@ std::optional<std::string> parse_config_json(const std::string& text, ServerConf
   KILN_TRY(r.string("db", c.db_path));
   KILN_TRY(r.string("token", c.token));
   KILN_TRY(r.string("var_dir", c.var_dir));
+  if (!r.has("db") && r.has("var_dir")) c.db_path = c.var_dir + "/kiln.db";  // the default database lives there
   KILN_TRY(r.integer("workers", c.workers, 0));
   KILN_TRY(r.integer("io_threads", c.io_threads, 1));
   KILN_TRY(r.bytes("max_body_bytes", c.max_body_bytes));
   KILN_TRY(r.bytes("sse_buffer_bytes", c.sse_buffer_bytes));
   KILN_TRY(r.integer("sse_ping_seconds", c.sse_ping_seconds, 1));
+  // Clients give up on a stream silent for 45 s (kiln logs --follow); pings must come sooner.
+  if (c.sse_ping_seconds > 30) return "sse_ping_seconds: expected an integer from 1 to 30";
   KILN_TRY(r.integer("lease_seconds", c.lease_seconds, 1));
   KILN_TRY(r.bytes("memory_budget", c.memory_budget_bytes));
   KILN_TRY(r.string("default_model", c.default_model));
@@ -263,6 +281,8 @@ std::optional<std::string> parse_config_json(const std::string& text, ServerConf
 }
 
 std::optional<std::string> load_config_file(const std::string& path, ServerConfig& config) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "'" + path + "' is a directory, not a config file";
   std::ifstream in(path);
   if (!in) return "cannot read config file '" + path + "'";
   std::stringstream ss;

@@ -75,7 +75,7 @@ struct ServerConfig {
   std::vector<ModelConfig> models;
   std::string default_model;     // "" = the first model
   LimitsConfig limits;
-  std::string var_dir = "var";   // where the demo model and the default database live
+  std::string var_dir = "var";   // where the demo model and the default database (unless "db" is set) live
   // A worker's lease on its build: renewed every lease/4 (at most 2 s); when a worker (or the
   // whole process) dies, recovery requeues its build this long after the last renewal. The
   // server runs recovery at start and every max(1 s, lease/2).

@@ -14,6 +14,7 @@ std::optional<std::string> StoreFeed::read(const std::string& build_id, int64_t 
   if (page.terminal) {
     nlohmann::json end = {{"status", store::to_string(build->status)}};
     end["reason"] = build->outcome ? nlohmann::json(store::to_string(*build->outcome)) : nlohmann::json(nullptr);
+    if (build->error_message) end["error_message"] = *build->error_message;  // why it did not succeed
     page.end_json = end.dump();
   }
   auto events = store_.read_events(id, after, limit);

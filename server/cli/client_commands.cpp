@@ -74,19 +74,23 @@ std::optional<json> call(const server::Client& client, Context& ctx, const char*
 
 // Streams a build's log from after_seq to its end, reconnecting (with Last-Event-ID) when the
 // connection drops. Returns the terminal status, or "" on a permanent failure.
-std::string follow(const server::Client& client, Context& ctx, int64_t id, int64_t after_seq) {
+std::string follow(const server::Client& client, Context& ctx, const char* cmd, int64_t id, int64_t after_seq) {
   std::string target = "/v1/builds/" + std::to_string(id) + "/events";
-  std::string final_status;
+  std::string final_status, final_detail;
   int failures = 0;
   while (final_status.empty()) {
     auto err = client.stream(target, after_seq, [&](const server::SseMessage& m) {
       if (m.event == "end") {
         json end = json::parse(m.data, nullptr, false);
         final_status = end.is_object() ? end.value("status", "unknown") : "unknown";
+        if (end.is_object() && end.contains("reason") && end["reason"].is_string())
+          final_detail = " (" + end["reason"].get<std::string>() + ")";
+        if (end.is_object() && end.contains("error_message") && end["error_message"].is_string())
+          final_detail += ": " + end["error_message"].get<std::string>();
         return server::StreamControl::stop;
       }
       if (m.event == "error") {
-        ctx.err << "kiln: server: " << m.data << "\n";
+        ctx.err << "kiln " << cmd << ": server: " << server::terminal_safe(m.data) << "\n";
         return server::StreamControl::keep_going;
       }
       json ev = json::parse(m.data, nullptr, false);
@@ -97,17 +101,17 @@ std::string follow(const server::Client& client, Context& ctx, int64_t id, int64
     });
     if (!final_status.empty()) break;
     if (err && err->rfind("HTTP 4", 0) == 0) {  // the build does not exist, bad token...: no retry
-      ctx.err << "kiln logs: " << *err << "\n";
+      ctx.err << "kiln " << cmd << ": " << *err << "\n";
       return "";
     }
     if (++failures > 30) {
-      ctx.err << "kiln logs: giving up: " << (err ? *err : std::string("stream keeps closing")) << "\n";
+      ctx.err << "kiln " << cmd << ": giving up: " << (err ? *err : std::string("stream keeps closing")) << "\n";
       return "";
     }
-    ctx.err << "kiln logs: reconnecting after seq " << after_seq << (err ? " (" + *err + ")" : "") << "\n";
+    ctx.err << "kiln " << cmd << ": reconnecting after seq " << after_seq << (err ? " (" + *err + ")" : "") << "\n";
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5000, 200 * failures)));
   }
-  ctx.out << "build " << id << " " << final_status << "\n";
+  ctx.out << "build " << id << " " << final_status << server::terminal_safe(final_detail) << "\n";
   return final_status;
 }
 
@@ -144,7 +148,12 @@ void add_client_commands(CLI::App& app, Context& ctx) {
     sub->callback([&ctx, o] {
       auto client = make_client(*o, ctx, "submit");
       if (!client) return;
-      json body = {{"repo", o->repo}, {"task", o->task}};
+      // A local path is resolved here: the server's working directory is not the caller's.
+      std::string repo = o->repo;
+      std::error_code ec;
+      if (repo.find("://") == std::string::npos && std::filesystem::exists(repo, ec))
+        repo = std::filesystem::absolute(repo, ec).lexically_normal().string();
+      json body = {{"repo", repo}, {"task", o->task}};
       if (!o->ref.empty()) body["ref"] = o->ref;
       if (!o->verify.empty()) body["verify"] = o->verify;
       if (!o->model.empty()) body["model"] = o->model;
@@ -159,7 +168,7 @@ void add_client_commands(CLI::App& app, Context& ctx) {
       int64_t id = (*build)["id"].get<int64_t>();
       ctx.out << id << "\n" << std::flush;
       if (!o->follow) return;
-      std::string status = follow(*client, ctx, id, 0);
+      std::string status = follow(*client, ctx, "submit", id, 0);
       ctx.exit_code = status == "succeeded" ? 0 : 1;
     });
   }
@@ -180,7 +189,7 @@ void add_client_commands(CLI::App& app, Context& ctx) {
       auto client = make_client(*o, ctx, "logs");
       if (!client) return;
       if (o->follow) {
-        std::string status = follow(*client, ctx, o->id, o->after);
+        std::string status = follow(*client, ctx, "logs", o->id, o->after);
         ctx.exit_code = status == "succeeded" ? 0 : 1;
         return;
       }
@@ -219,8 +228,9 @@ void add_client_commands(CLI::App& app, Context& ctx) {
               << std::setw(20) << "MODEL" << std::setw(9) << "TIME" << "TASK\n";
       for (const json& b : (*page)["builds"]) {
         std::string task = b.value("task", "");
-        if (task.size() > 50) task = task.substr(0, 47) + "...";
-        for (char& c : task) c = c == '\n' ? ' ' : c;
+        for (char& c : task) c = c == '\n' || c == '\t' ? ' ' : c;
+        if (task.size() > 50) task = server::cut_utf8(task, 47) + "...";
+        task = server::terminal_safe(task);
         ctx.out << std::left << std::setw(8) << b["id"].get<int64_t>() << std::setw(11) << b.value("status", "")
                 << std::setw(15) << (b["reason"].is_string() ? b["reason"].get<std::string>() : "-")
                 << std::setw(20) << b.value("model", "") << std::setw(9)

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <ostream>
 
@@ -31,7 +32,7 @@ void add_serve_command(CLI::App& app, Context& ctx) {
   serve->add_option("--listen", o->listen, "host:port to listen on")->capture_default_str();
   serve->add_option("--db", o->db, "SQLite database file")->capture_default_str();
   serve->add_option("--workers", o->workers, "Worker threads (0 = one per engine session slot)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 4096));
   serve->add_option("--io-threads", o->io_threads, "Threads serving HTTP")->check(CLI::PositiveNumber)
       ->capture_default_str();
   serve->add_option("--token", o->token,
@@ -60,6 +61,18 @@ void add_serve_command(CLI::App& app, Context& ctx) {
       config.token = o->token;
     } else if (const char* env = std::getenv("KILN_TOKEN"); env != nullptr && config.token.empty()) {
       config.token = env;
+    }
+    // A model directory that is not there would fail every build that asks for it, long after
+    // start; say so now.
+    for (size_t i = 0; i < config.models.size(); ++i) {
+      const server::ModelConfig& m = config.models[i];
+      std::error_code ec;
+      if (!m.scripted_test_turns.empty() || std::filesystem::is_regular_file(std::filesystem::path(m.path) / "config.json", ec))
+        continue;
+      ctx.err << "kiln serve: --config: models[" << i << "].path: no config.json in '" << m.path << "' (model '"
+              << m.name << "')\n";
+      ctx.exit_code = 2;
+      return;
     }
     if (config.models.empty()) {
       if (auto err = server::add_demo_model(config, ctx.err)) {

@@ -76,6 +76,17 @@ TEST(Cli, ServeRejectsMalformedListenAddress) {
   EXPECT_NE(r.err.find("--listen"), std::string::npos) << r.err;
 }
 
+// A configured model directory that does not exist is reported at start, naming the field, not
+// by every build that later asks for it.
+TEST(Cli, ServeRefusesAModelDirectoryWithoutConfigJson) {
+  kiln::server::testing::TempDir dir;
+  const auto config = dir.path() / "kiln.json";
+  std::ofstream(config) << R"({"models": [{"name": "gone", "path": "/nonexistent/model"}]})";
+  CliResult r = run_cli({"serve", "--config", config.string(), "--db", (dir.path() / "k.db").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("models[0].path: no config.json in '/nonexistent/model'"), std::string::npos) << r.err;
+}
+
 // The client commands against a server whose real workers run the scripted test model.
 TEST(Cli, SubmitFollowLogsBuildsAndCancelAgainstALiveServer) {
   namespace t = kiln::server::testing;
@@ -114,6 +125,15 @@ TEST(Cli, SubmitFollowLogsBuildsAndCancelAgainstALiveServer) {
   CliResult followed = run_cli({"logs", "2", "--follow", "--server", f.url()});
   EXPECT_EQ(followed.exit_code, 1);
   EXPECT_NE(followed.out.find("status cancelled"), std::string::npos) << followed.out;
+  EXPECT_NE(followed.out.find("build 2 cancelled (cancelled)"), std::string::npos) << followed.out;
+
+  // A relative --repo is the caller's directory, not the server's.
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path());
+  CliResult relative = run_cli({"submit", "--server", f.url(), "--repo", "repo", "--task", "relative"});
+  std::filesystem::current_path(cwd);
+  ASSERT_EQ(relative.exit_code, 0) << relative.err;
+  EXPECT_EQ(f.store().get(3)->spec.repo, repo);
 }
 
 TEST(Cli, EventLinesForTheLog) {
@@ -129,6 +149,16 @@ TEST(Cli, EventLinesForTheLog) {
             "[7] tool_call bash {\"command\":\"ls\"}");
   EXPECT_EQ(format_event_line({{"seq", 8}, {"kind", "tool_result"}, {"payload", {{"output", "[exit code 0]"}}}}),
             "[8] tool_result [exit code 0]");
+  // The final status says why a build failed.
+  EXPECT_EQ(format_event_line({{"seq", 6}, {"kind", "status"},
+                               {"payload", {{"status", "error"}, {"attempt", 1}, {"outcome", "model_error"},
+                                            {"error_message", "model failed to load: no config.json"}}}}),
+            "[6] status error (model_error): model failed to load: no config.json");
+  // Model and command output cannot drive the terminal: escape sequences (C0 ESC, C1 CSI) are shown.
+  EXPECT_EQ(format_event_line({{"seq", 9}, {"kind", "model_text"}, {"payload", {{"text", "\x1b]0;pwned\x07\x1b[2Jok\xc2\x9b" "1m\n\tnext"}}}}),
+            "[9] model_text \\x1b]0;pwned\\x07\\x1b[2Jok\\x9b1m\n\tnext");
+  // Cut on a character boundary: "é" is two bytes.
+  EXPECT_EQ(kiln::server::cut_utf8("aé", 2), "a");
 }
 
 TEST(Cli, CompareSinceAgainstARunningServer) {

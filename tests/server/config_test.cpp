@@ -26,11 +26,33 @@ TEST(Config, LeaseMemoryBudgetAndIdleUnloading) {
   ServerConfig defaults;
   EXPECT_EQ(defaults.lease_seconds, 30);
   EXPECT_EQ(defaults.memory_budget_bytes, 0u);
-  EXPECT_EQ(parse_error(R"({"lease_seconds": 0})"), "lease_seconds: expected an integer >= 1");
+  EXPECT_EQ(parse_error(R"({"lease_seconds": 0})"), "lease_seconds: expected an integer from 1 to 2147483647");
   EXPECT_NE(parse_error(R"({"memory_budget": "lots"})").find("memory_budget"), std::string::npos);
   EXPECT_NE(parse_error(R"({"models": [{"name": "m", "path": "p", "idle_unload_seconds": -1}]})")
                 .find("models[0].idle_unload_seconds"),
             std::string::npos);
+}
+
+// Values that used to slip through: integers past their type (4294967297 workers became 1), NaN
+// sizes, pings slower than clients wait; and errors that now say where.
+TEST(Config, OutOfRangeValuesAreErrorsAndVarDirMovesTheDatabase) {
+  EXPECT_EQ(parse_error(R"({"workers": 4294967297})"), "workers: expected an integer from 0 to 2147483647");
+  EXPECT_EQ(parse_error(R"({"workers": 18446744073709551615})"), "workers: expected an integer from 0 to 2147483647");
+  EXPECT_NE(parse_error(R"({"max_body_bytes": "nan"})").find("max_body_bytes"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"max_body_bytes": "20000000000000000000B"})").find("max_body_bytes"), std::string::npos);
+  EXPECT_EQ(parse_error(R"({"sse_ping_seconds": 60})"), "sse_ping_seconds: expected an integer from 1 to 30");
+  const std::string bad_json = parse_error("{\n  \"workers\": 2,\n  oops\n}");
+  EXPECT_NE(bad_json.find("not valid JSON"), std::string::npos) << bad_json;
+  EXPECT_NE(bad_json.find("line 3"), std::string::npos) << bad_json;
+
+  ServerConfig c;
+  ASSERT_EQ(parse_config_json(R"({"var_dir": "/srv/kiln"})", c), std::nullopt);
+  EXPECT_EQ(c.db_path, "/srv/kiln/kiln.db");
+  ServerConfig both;
+  ASSERT_EQ(parse_config_json(R"({"var_dir": "/srv/kiln", "db": "/data/k.db"})", both), std::nullopt);
+  EXPECT_EQ(both.db_path, "/data/k.db");
+  ServerConfig dir;
+  EXPECT_NE(load_config_file("/tmp", dir).value_or("").find("is a directory"), std::string::npos);
 }
 
 TEST(Config, ModelsServeQuantizedWeightsUnlessTold) {
