@@ -170,7 +170,14 @@ Status Session::rewind(const SessionCheckpoint& cp) {
   if (cp.tokens.size() > tokens.size() || !std::equal(cp.tokens.begin(), cp.tokens.end(), tokens.begin()))
     return make_error("rewind: the checkpoint's " + std::to_string(cp.tokens.size()) +
                       " tokens are not a prefix of this session's history");
-  if (cp.gdn.size() != seq_.state.gdn.size()) return make_error("rewind: the checkpoint belongs to another model");
+  // Same layer count is not enough: another model's states (or another cache dtype's conv
+  // windows) of other sizes would be read with this model's shapes.
+  bool same_shape = cp.gdn.size() == seq_.state.gdn.size() &&
+                    (cp.last_logits.empty() || cp.last_logits.size() == size_t(model_.config_.vocab_size));
+  for (size_t l = 0; same_shape && l < cp.gdn.size(); ++l)
+    same_shape = cp.gdn[l].conv.size() == seq_.state.gdn[l].conv.size() &&
+                 cp.gdn[l].recurrent.size() == seq_.state.gdn[l].recurrent.size();
+  if (!same_shape) return make_error("rewind: the checkpoint belongs to another model");
   tokens = cp.tokens;
   seq_.state.gdn = cp.gdn;
   seq_.state.n_past = int64_t(tokens.size());

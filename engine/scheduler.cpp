@@ -39,14 +39,19 @@ struct Scheduler::Request {
   size_t acked = 0;           // tokens whose callback returned (all sampled ones without a callback)
   bool stopped = false;       // a callback returned false
   bool finishing = false;     // stop token or max_tokens reached
+  bool in_callback = false;   // the session thread is inside on_token (the lock released)
   std::string error;
 
   int64_t remaining() const { return int64_t(tokens.size()) - consumed; }
   // Every token the callback saw is forwarded; the end was reached and every forwarded token
-  // was reported.
+  // was reported. Never while a callback runs: the session thread finishes the request itself
+  // when it returns (finishing it under the callback let both sides remove it from the queue).
+  // An error ends it even when the token a stopping callback saw cannot be forwarded any more.
   bool can_finish() const {
+    if (in_callback) return false;
+    if (!error.empty()) return !has_callback || acked >= forwarded;
     if (stopped) return forwarded >= acked;
-    if (finishing || !error.empty()) return !has_callback || acked >= forwarded;
+    if (finishing) return !has_callback || acked >= forwarded;
     return false;
   }
 };
@@ -108,6 +113,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
     r.done_cv.wait(lock, [&] { return r.done || (r.has_callback && !r.stopped && called < r.result.tokens.size()); });
     if (r.done) break;
     const int32_t tok = r.result.tokens[called];
+    r.in_callback = true;
     lock.unlock();
     bool go_on = false;
     std::exception_ptr thrown;
@@ -117,19 +123,21 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
       thrown = std::current_exception();
     }
     lock.lock();
+    r.in_callback = false;
     if (thrown) {  // stop, let the scheduler let go of the request, then pass the exception on
       r.acked = ++called;
       r.stopped = true;
       work_.notify_one();
       r.done_cv.wait(lock, [&] { return r.done || (!r.in_step && r.can_finish()); });
-      if (!r.done) queue_.erase(std::find(queue_.begin(), queue_.end(), &r));
+      if (auto it = std::find(queue_.begin(), queue_.end(), &r); it != queue_.end()) queue_.erase(it);
       std::rethrow_exception(thrown);
     }
     r.acked = ++called;
     if (!go_on) r.stopped = true;
     if (!r.in_step && r.can_finish()) {
       r.done = true;
-      queue_.erase(std::find(queue_.begin(), queue_.end(), &r));
+      // Still queued unless the scheduler shut down (it then empties the queue itself).
+      if (auto it = std::find(queue_.begin(), queue_.end(), &r); it != queue_.end()) queue_.erase(it);
       break;
     }
     work_.notify_one();

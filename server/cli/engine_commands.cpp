@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -227,12 +229,19 @@ void add_logits(CLI::App& engine, Context& ctx) {
 }
 
 void add_sampling_args(CLI::App* sub, GenerateOptions& g) {
-  sub->add_option("--max-tokens", g.max_tokens, "Token budget");
-  sub->add_option("--temperature", g.sampling.temperature, "0: greedy");
-  sub->add_option("--top-k", g.sampling.top_k, "0: off");
-  sub->add_option("--top-p", g.sampling.top_p, "1: off");
-  sub->add_option("--min-p", g.sampling.min_p, "0: off");
-  sub->add_option("--presence-penalty", g.sampling.presence_penalty, "Subtracted from generated tokens' logits");
+  // CLI::Range alone lets NaN through (every comparison with NaN is false): "nan" as a temperature
+  // sampled the least likely token.
+  const CLI::Validator finite([](std::string& v) {
+    const double x = std::strtod(v.c_str(), nullptr);
+    return std::isfinite(x) ? std::string() : "must be a finite number, got " + v;
+  }, "FINITE");
+  sub->add_option("--max-tokens", g.max_tokens, "Token budget")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", g.sampling.temperature, "0: greedy")->check(finite & CLI::Range(0.0, 100.0));
+  sub->add_option("--top-k", g.sampling.top_k, "0: off")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", g.sampling.top_p, "1: off")->check(finite & CLI::Range(0.0, 1.0));
+  sub->add_option("--min-p", g.sampling.min_p, "0: off")->check(finite & CLI::Range(0.0, 1.0));
+  sub->add_option("--presence-penalty", g.sampling.presence_penalty, "Subtracted from generated tokens' logits")
+      ->check(finite);
   sub->add_option("--seed", g.sampling.seed, "Sampling seed");
 }
 

@@ -1,7 +1,9 @@
 // Algorithmic twins inside the engine: prefill (chunked delta rule) vs decode (recurrent) vs
 // split, across the chunk boundary, on make-tiny models of several shapes; rewind then re-append
 // gives bit-identical logits; determinism of generate.
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -159,6 +161,15 @@ TEST(Session, RewindRefusesACheckpointThatIsNotAPrefix) {
   Status st = (*s)->rewind(late);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().find("not a prefix"), std::string::npos) << st.error();
+  // An empty checkpoint of a model with as many layers but other state sizes is refused too.
+  TinyModelOptions wider;
+  wider.linear_value_head_dim = 32;
+  auto other = Model::load(make_model(wider, "-wider"));
+  ASSERT_TRUE(other.ok()) << other.error();
+  auto os = (*other)->open_session();
+  Status foreign = (*s)->rewind((*os)->checkpoint());
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.error().find("another model"), std::string::npos) << foreign.error();
 }
 
 TEST(Session, AppendingToALongSessionOnlyComputesTheNewTokens) {
@@ -220,6 +231,56 @@ TEST(Generate, SameSeedSameTokensAndStopsOnStopToken) {
   EXPECT_EQ(r->reason, GenerateResult::Reason::stop_token);
   EXPECT_LE(r->tokens.size(), 4u);
   EXPECT_EQ(r->tokens.back(), outs[0][3]);
+}
+
+// A generate that hits the context limit while its callback is still running (the callback runs
+// ahead of the step) ends with the error and leaves the scheduler whole: other sessions go on.
+// Before, both the scheduler and the session thread removed the request from the queue.
+TEST(Generate, ErrorDuringASlowCallbackLeavesTheSchedulerWhole) {
+  TinyModelOptions tiny;
+  tiny.max_position_embeddings = 64;
+  auto model = Model::load(make_model(tiny));
+  ASSERT_TRUE(model.ok()) << model.error();
+  for (int rep = 0; rep < 3; ++rep) {
+    auto s = (*model)->open_session();
+    ASSERT_TRUE((*s)->append(random_tokens(61, 256, 9)).ok());
+    GenerateOptions o;
+    o.max_tokens = 10;
+    int seen = 0;
+    auto r = (*s)->generate(o, [&](int32_t) {
+      ++seen;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return true;
+    });
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().find("exceeds max_position_embeddings"), std::string::npos) << r.error();
+    EXPECT_EQ((*s)->size(), 64);
+    // The scheduler still serves: a new session's append returns (a hang fails by the timeout).
+    auto other = (*model)->open_session();
+    auto done = std::async(std::launch::async, [&] { return (*other)->append(random_tokens(8, 256, 10)).ok(); });
+    ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_TRUE(done.get());
+  }
+}
+
+// A callback that says stop on the very token whose forward then fails (the context is full)
+// ends generate() with the error instead of waiting forever for that forward.
+TEST(Generate, StopOnATokenThatCannotBeForwardedEndsWithTheError) {
+  TinyModelOptions tiny;
+  tiny.max_position_embeddings = 64;
+  auto model = Model::load(make_model(tiny));
+  ASSERT_TRUE(model.ok()) << model.error();
+  auto s = (*model)->open_session();
+  ASSERT_TRUE((*s)->append(random_tokens(64, 256, 11)).ok());
+  GenerateOptions o;
+  o.max_tokens = 4;
+  auto done = std::async(std::launch::async, [&] {  // the error, or "" if it succeeded
+    auto r = (*s)->generate(o, [](int32_t) { return false; });
+    return r.ok() ? std::string() : r.error();
+  });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const std::string error = done.get();
+  EXPECT_NE(error.find("exceeds max_position_embeddings"), std::string::npos) << error;
 }
 
 }  // namespace

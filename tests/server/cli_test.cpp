@@ -64,6 +64,14 @@ TEST(Cli, UnknownEngineVerbExitsTwoAndNamesIt) {
   EXPECT_NE(r.err.find("transmogrify"), std::string::npos) << r.err;
 }
 
+TEST(Cli, NonFiniteSamplingValuesAreUsageErrors) {
+  for (const char* value : {"nan", "inf"}) {
+    CliResult r = run_cli({"engine", "generate", "--model", "/nonexistent", "--prompt", "hi", "--temperature", value});
+    EXPECT_EQ(r.exit_code, 2) << value;
+    EXPECT_NE(r.err.find("must be a finite number, got " + std::string(value)), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, UnknownOptionIsAUsageError) {
   CliResult r = run_cli({"serve", "--no-such-flag"});
   EXPECT_EQ(r.exit_code, 2);
