@@ -151,6 +151,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
 
   // Prefill only what is new.
   auto t0 = Clock::now();
+  const int64_t rebuilt_before = session_->rebuilt_tokens();
   if (p->rewind) {
     if (auto s = session_->rewind(*base_); !s.ok()) return fail("rewind to the task: " + s.error());
     ++rebuilds_;
@@ -167,6 +168,11 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   } else if (auto a = session_->append(p->tokens, false, &cancel); !a) {
     return prefill_failed(a.error());
   }
+  // The engine took this idle session's KV for another build and re-prefilled it now: those
+  // tokens were computed again, not reused.
+  const int64_t rebuilt = session_->rebuilt_tokens() - rebuilt_before;
+  out.usage.prefilled_tokens += rebuilt;
+  out.usage.reused_tokens -= rebuilt;
   out.usage.prefill_s = seconds_since(t0);
 
   // Decode, parsing as the text streams out.

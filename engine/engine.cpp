@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 namespace kiln::engine {
@@ -37,10 +38,57 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineO
   m->network_ = std::make_unique<Qwen35Model>(m->config_, m->weights_, m->pool_.get());
   if (options.prefill_chunk < 1) return make_error("engine options: prefill_chunk must be at least 1");
   m->scheduler_ = std::make_unique<Scheduler>(*m->network_, m->config_, options.prefill_chunk);
+  m->scheduler_->set_kv_reclaimer([model = m.get()] { return model->reclaim_idle_kv(nullptr, 1); });
   return m;
 }
 
 Model::~Model() = default;
+
+// The scope of one Session call: holds call_mu_ (so the session's pages are not reclaimed under
+// it) and records the owner thread and the time of last use.
+struct SessionCall {
+  explicit SessionCall(const Session& s) : session(const_cast<Session&>(s)) {
+    session.call_mu_.lock();
+    session.owner_ = std::this_thread::get_id();
+  }
+  ~SessionCall() {
+    session.last_used_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
+    session.owner_ = std::thread::id();
+    session.call_mu_.unlock();
+  }
+  SessionCall(const SessionCall&) = delete;
+  SessionCall& operator=(const SessionCall&) = delete;
+  Session& session;
+};
+
+bool Model::reclaim_idle_kv(const Session* requester, int64_t pages_needed) {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  std::vector<Session*> idle;
+  for (Session* s : sessions_)
+    if (s != requester && s->owner_.load() != std::this_thread::get_id()) idle.push_back(s);
+  std::sort(idle.begin(), idle.end(),
+            [](const Session* a, const Session* b) { return a->last_used_ns_.load() < b->last_used_ns_.load(); });
+  // Nothing is taken from anyone when even all idle pages would not be enough.
+  int64_t reachable = kv_pool_->max_pages() - kv_pool_->pages_in_use();
+  for (Session* s : idle) {
+    if (!s->call_mu_.try_lock()) continue;
+    if (!s->reclaimed_ && s->seq_.state.kv) reachable += s->seq_.state.kv->capacity_tokens() / s->seq_.state.kv->page_tokens();
+    s->call_mu_.unlock();
+  }
+  if (reachable < pages_needed) return false;
+  for (Session* s : idle) {
+    if (!s->call_mu_.try_lock()) continue;  // inside a call: its pages are in use
+    const bool has_pages = !s->reclaimed_ && s->seq_.state.kv && s->seq_.state.kv->capacity_tokens() > 0;
+    if (has_pages) {
+      s->seq_.state.kv->truncate(0);
+      s->reclaimed_ = true;
+      ++kv_reclaims_;
+    }
+    s->call_mu_.unlock();
+    if (has_pages) return true;
+  }
+  return false;
+}
 
 int Model::open_sessions() const {
   std::lock_guard<std::mutex> lock(admission_mu_);
@@ -114,15 +162,51 @@ Session::Session(Model& model, int priority) : model_(model) {
   seq_.state.dtype = model.options_.cache_dtype;
   seq_.state.kv = std::make_unique<SequenceKv>(*model.kv_pool_);
   model.network_->init_state(seq_.state);
+  std::lock_guard<std::mutex> lock(model.sessions_mu_);
+  model.sessions_.push_back(this);
 }
 
 Session::~Session() {
+  {
+    // Under sessions_mu_ no reclaim is looking at this session (it holds that lock throughout).
+    std::lock_guard<std::mutex> lock(model_.sessions_mu_);
+    model_.sessions_.erase(std::find(model_.sessions_.begin(), model_.sessions_.end(), this));
+  }
   seq_.state.kv.reset();  // pages back to the pool
   model_.close_slot();
 }
 
+Status Session::reserve_kv(int64_t n) {
+  SequenceKv& kv = *seq_.state.kv;
+  Status s = kv.reserve(n);
+  auto pages_short = [&] { return (n + kv.page_tokens() - 1) / kv.page_tokens() - kv.capacity_tokens() / kv.page_tokens(); };
+  while (!s && model_.reclaim_idle_kv(this, pages_short())) s = kv.reserve(n);
+  return s;
+}
+
+Status Session::rebuild(size_t keep) {
+  std::vector<int32_t> history(seq_.tokens.begin(), seq_.tokens.begin() + std::ptrdiff_t(keep));
+  if (model_.config_.n_full_layers() > 0) {
+    if (Status s = reserve_kv(int64_t(history.size())); !s)
+      return make_error(s.error() + " (this session's cache was reclaimed while it was idle, and the " +
+                        std::to_string(history.size()) + " tokens of its history do not fit yet)");
+  }
+  model_.network_->init_state(seq_.state);
+  seq_.state.n_past = 0;
+  seq_.tokens.clear();
+  seq_.last_logits.clear();
+  if (!history.empty()) {
+    std::vector<float> logits(size_t(model_.config_.vocab_size));
+    model_.scheduler_->append(seq_, history, false, logits.data());
+  }
+  rebuilt_tokens_ += int64_t(history.size());
+  reclaimed_ = false;
+  return {};
+}
+
 Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool all_logits,
                                           const std::atomic<bool>* cancel) {
+  SessionCall call(*this);
   const ModelConfig& c = model_.config_;
   if (tokens.empty()) return make_error("append: no tokens");
   for (size_t i = 0; i < tokens.size(); ++i)
@@ -133,8 +217,10 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
   if (n > c.max_position_embeddings)
     return make_error("append: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
                       std::to_string(c.max_position_embeddings));
+  if (reclaimed_)
+    if (Status s = rebuild(seq_.tokens.size()); !s) return make_error(s.error());
   if (c.n_full_layers() > 0) {
-    Status s = seq_.state.kv->reserve(n);  // before queueing: the step itself cannot fail
+    Status s = reserve_kv(n);  // before queueing: the step itself cannot fail
     if (!s) return make_error(s.error());
   }
   std::vector<float> logits(static_cast<size_t>((all_logits ? T : 1) * c.vocab_size));
@@ -149,12 +235,15 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
 }
 
 Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token) {
+  SessionCall call(*this);
   if (seq_.last_logits.empty()) return make_error("generate: the session is empty; append a prompt first");
+  if (reclaimed_)
+    if (Status s = rebuild(seq_.tokens.size()); !s) return make_error("generate: " + s.error());
   const ModelConfig& c = model_.config_;
   const bool kv = c.n_full_layers() > 0;
   if (kv && o.max_tokens > 0) {
     const int64_t room = std::min(o.max_tokens, c.max_position_embeddings - size());
-    (void)seq_.state.kv->reserve(size() + std::max<int64_t>(room, 0));  // all or nothing; else per step
+    (void)reserve_kv(size() + std::max<int64_t>(room, 0));  // all or nothing; else per step
   }
   auto r = model_.scheduler_->generate(seq_, o, on_token);
   if (kv) seq_.state.kv->truncate(seq_.state.n_past);  // give back what was not used
@@ -162,10 +251,12 @@ Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::fu
 }
 
 SessionCheckpoint Session::checkpoint() const {
+  SessionCall call(*this);  // a reclaim leaves the GDN state as it is: still this history's
   return SessionCheckpoint{seq_.tokens, seq_.state.gdn, seq_.last_logits};
 }
 
 Status Session::rewind(const SessionCheckpoint& cp) {
+  SessionCall call(*this);
   std::vector<int32_t>& tokens = seq_.tokens;
   if (cp.tokens.size() > tokens.size() || !std::equal(cp.tokens.begin(), cp.tokens.end(), tokens.begin()))
     return make_error("rewind: the checkpoint's " + std::to_string(cp.tokens.size()) +
@@ -178,6 +269,8 @@ Status Session::rewind(const SessionCheckpoint& cp) {
     same_shape = cp.gdn[l].conv.size() == seq_.state.gdn[l].conv.size() &&
                  cp.gdn[l].recurrent.size() == seq_.state.gdn[l].recurrent.size();
   if (!same_shape) return make_error("rewind: the checkpoint belongs to another model");
+  if (reclaimed_)  // only the checkpoint's tokens need their KV again
+    if (Status s = rebuild(cp.tokens.size()); !s) return make_error("rewind: " + s.error());
   tokens = cp.tokens;
   seq_.state.gdn = cp.gdn;
   seq_.state.n_past = int64_t(tokens.size());

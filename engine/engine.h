@@ -13,8 +13,11 @@
 //
 // Admission: at most max_sessions are open. open_session() fails when they are all taken (or
 // others wait in line); open_session_waiting() waits in line, highest priority first, reporting
-// its position. KV pages are reserved before a call is queued, so when memory runs out the new
-// call fails with "context memory exhausted" and running steps are never refused.
+// its position. KV pages are reserved before a call is queued. When the pool is full, the pages
+// of the least recently used idle session (one not inside a call: an agent running a tool) are
+// reclaimed, and that session re-prefills its history on its next call (counted in
+// rebuilt_tokens()); only when no idle session holds pages does the new call fail with "context
+// memory exhausted". Running steps are never refused for another session's sake.
 #pragma once
 
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/cache/kv_pool.h"
@@ -95,10 +99,17 @@ class Model {
   int open_sessions() const;
   int waiting_sessions() const;
   Scheduler& scheduler() const { return *scheduler_; }
+  // Idle sessions whose KV pages were taken for another session's call.
+  int64_t kv_reclaims() const { return kv_reclaims_.load(); }
 
  private:
   friend class Session;
+  friend struct SessionCall;
   Model() = default;
+  // Frees the KV pages of the least recently used session that is not inside a call (never
+  // `requester`, never one whose call this thread is in). False when there is none, or when the
+  // free pages and all idle sessions' pages together are fewer than pages_needed.
+  bool reclaim_idle_kv(const Session* requester, int64_t pages_needed);
   std::string dir_;
   EngineOptions options_;
   ModelConfig config_;
@@ -122,6 +133,12 @@ class Model {
   int open_ = 0;                   // GUARDED_BY(admission_mu_)
   uint64_t arrivals_ = 0;          // GUARDED_BY(admission_mu_)
   std::vector<Waiter*> waiters_;   // GUARDED_BY(admission_mu_)
+
+  // Every open session, for reclaiming idle KV. Lock order: sessions_mu_, then a session's
+  // call_mu_ (try_lock only, so never waiting while holding sessions_mu_).
+  std::mutex sessions_mu_;
+  std::vector<Session*> sessions_;  // GUARDED_BY(sessions_mu_)
+  std::atomic<int64_t> kv_reclaims_{0};
 };
 
 // A saved point in a session: its length and its GDN states (KV needs nothing: positions past the
@@ -165,11 +182,25 @@ class Session {
   std::span<const float> last_logits() const { return seq_.last_logits; }
   int64_t size() const { return int64_t(seq_.tokens.size()); }
   int priority() const { return seq_.priority; }
+  // Tokens re-prefilled because this session's KV pages were reclaimed while it was idle.
+  int64_t rebuilt_tokens() const { return rebuilt_tokens_; }
 
  private:
   friend class Model;
+  friend struct SessionCall;
   Session(Model& model, int priority);
+  // KV for positions [0, n), reclaiming idle sessions' pages when the pool is full.
+  Status reserve_kv(int64_t n);
+  // After a reclaim: re-prefills the first `keep` tokens of the history (the rest is dropped).
+  Status rebuild(size_t keep);
   Model& model_;
+  // Held for the whole of each call, so that reclaiming never touches a session in use; owner_
+  // says which thread holds it (a thread must not try_lock a mutex it holds).
+  mutable std::mutex call_mu_;
+  std::atomic<std::thread::id> owner_{};
+  std::atomic<int64_t> last_used_ns_{0};
+  bool reclaimed_ = false;      // GUARDED_BY(call_mu_): KV pages taken; rebuild before use
+  int64_t rebuilt_tokens_ = 0;  // GUARDED_BY(call_mu_)
   Sequence seq_;  // the scheduler's while a call of this session is queued
 };
 

@@ -162,7 +162,9 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
         r->error = "generate: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
                    std::to_string(config_.max_position_embeddings);
       } else if (config_.n_full_layers() > 0) {
-        if (Status s = st.kv->reserve(n); !s) r->error = "generate: " + s.error();
+        Status s = st.kv->reserve(n);
+        while (!s && reclaim_kv_ && reclaim_kv_()) s = st.kv->reserve(n);  // idle sessions' pages first
+        if (!s) r->error = "generate: " + s.error();
       }
       if (!r->error.empty()) {
         if (r->can_finish()) {

@@ -90,6 +90,12 @@ class Scheduler {
                                   const std::function<bool(int32_t)>& on_token);
 
   int64_t prefill_chunk() const { return prefill_chunk_; }
+  // Called (on the scheduler thread, under its lock) when a generating session's next KV page is
+  // not free: frees an idle session's pages and says whether it did. Set once, before any call.
+  void set_kv_reclaimer(std::function<bool()> reclaim) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reclaim_kv_ = std::move(reclaim);
+  }
   // The last steps (at most kStepLogSize), oldest first; clear_step_log() empties it.
   std::vector<StepRecord> step_log() const;
   void clear_step_log();
@@ -120,6 +126,7 @@ class Scheduler {
   std::deque<StepRecord> log_;   // GUARDED_BY(mu_)
   std::vector<Planned> plan_;    // scheduler thread only: reused every step
   std::vector<Request*> prefill_;
+  std::function<bool()> reclaim_kv_;  // GUARDED_BY(mu_)
   std::thread thread_;           // last: starts after everything above exists
 };
 

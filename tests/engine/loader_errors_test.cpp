@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "test_math.h"
 #include "test_models.h"
 
 namespace kiln::engine {
@@ -144,15 +145,56 @@ TEST(SessionErrors, BadTokenAndExhaustedMemoryAreReportedWithoutDamage) {
   ASSERT_TRUE((*s)->append(toks).ok());  // 4 pages
   auto s2 = (*m)->open_session();
   ASSERT_TRUE(s2.ok());
-  auto full = (*s2)->append(std::vector<int32_t>(5, 1));
+  // More than the whole pool: refused, and the idle session's pages are not taken for nothing.
+  auto full = (*s2)->append(std::vector<int32_t>(65, 1));
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.error().find("context memory exhausted"), std::string::npos) << full.error();
   EXPECT_EQ((*s2)->size(), 0);
+  EXPECT_EQ((*m)->kv_reclaims(), 0);
   auto s3 = (*m)->open_session();
   ASSERT_FALSE(s3.ok());
   EXPECT_NE(s3.error().find("session limit"), std::string::npos);
   s->reset();  // closing a session returns its pages
   EXPECT_TRUE((*s2)->append(std::vector<int32_t>(5, 1)).ok());
+}
+
+// A full pool takes the pages of the least recently used idle session (an agent running a tool)
+// instead of failing the call; that session re-prefills its history on its next call and goes on
+// with the same logits as if nothing happened.
+TEST(SessionErrors, FullKvReclaimsAnIdleSessionWhichRebuildsOnItsNextCall) {
+  EngineOptions opt;
+  opt.max_sessions = 2;
+  const std::string dir = make_model(TinyModelOptions{});
+  auto probe = Model::load(dir, opt);
+  ASSERT_TRUE(probe.ok()) << probe.error();
+  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + 6 * (*probe)->plan().page_bytes;
+  auto m = Model::load(dir, opt);
+  ASSERT_TRUE(m.ok()) << m.error();
+  ASSERT_EQ((*m)->plan().pages, 6);
+  const int64_t V = (*m)->config().vocab_size;
+  const auto first = testing::random_tokens(60, V, 21), more = testing::random_tokens(10, V, 22);
+  auto a = (*m)->open_session();
+  ASSERT_TRUE((*a)->append(first).ok());  // 4 of 6 pages
+  auto b = (*m)->open_session();
+  ASSERT_TRUE((*b)->append(testing::random_tokens(40, V, 23)).ok());  // 3 pages: a's are taken
+  EXPECT_EQ((*m)->kv_reclaims(), 1);
+  EXPECT_EQ((*a)->size(), 60);  // its history stays
+  const SessionCheckpoint cp = (*a)->checkpoint();
+  auto after = (*a)->append(more);  // rebuilds 60 tokens (taking b's pages), then appends 10
+  ASSERT_TRUE(after.ok()) << after.error();
+  EXPECT_EQ((*a)->rebuilt_tokens(), 60);
+  EXPECT_EQ((*m)->kv_reclaims(), 2);
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto ref = (*roomy)->open_session();
+  ASSERT_TRUE((*ref)->append(first).ok());
+  auto want = (*ref)->append(more);
+  EXPECT_LE(testing::rel_l2(after->data(), want->data(), V), 1e-6);
+  // Rewinding a reclaimed session rebuilds only the checkpoint's tokens.
+  ASSERT_TRUE((*b)->rewind((*b)->checkpoint()).ok());  // b was reclaimed: rebuilds its 40
+  EXPECT_EQ((*b)->rebuilt_tokens(), 40);
+  ASSERT_TRUE((*a)->rewind(cp).ok());
+  EXPECT_EQ((*a)->size(), 60);
+  EXPECT_EQ((*a)->last_logits().size(), size_t(V));
 }
 
 }  // namespace
