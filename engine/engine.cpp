@@ -243,7 +243,10 @@ Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::fu
   const bool kv = c.n_full_layers() > 0;
   if (kv && o.max_tokens > 0) {
     const int64_t room = std::min(o.max_tokens, c.max_position_embeddings - size());
-    (void)reserve_kv(size() + std::max<int64_t>(room, 0));  // all or nothing; else per step
+    // All or nothing from the free pages, else per step. Speculative (a turn seldom uses all of
+    // max_tokens), so it takes nothing from idle sessions; the per-step reservation does, when a
+    // token really needs a page.
+    (void)seq_.state.kv->reserve(size() + std::max<int64_t>(room, 0));
   }
   auto r = model_.scheduler_->generate(seq_, o, on_token);
   if (kv) seq_.state.kv->truncate(seq_.state.n_past);  // give back what was not used

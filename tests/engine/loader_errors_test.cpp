@@ -197,5 +197,34 @@ TEST(SessionErrors, FullKvReclaimsAnIdleSessionWhichRebuildsOnItsNextCall) {
   EXPECT_EQ((*a)->last_logits().size(), size_t(V));
 }
 
+// The same on the scheduler's side: a generating session whose next token needs a page takes an
+// idle session's; the speculative up-front reservation of max_tokens takes nothing from anyone.
+TEST(SessionErrors, GenerateTakesAnIdleSessionsPagesOnlyWhenATokenNeedsOne) {
+  EngineOptions opt;
+  opt.max_sessions = 2;
+  const std::string dir = make_model(TinyModelOptions{});
+  auto probe = Model::load(dir, opt);
+  ASSERT_TRUE(probe.ok()) << probe.error();
+  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + 6 * (*probe)->plan().page_bytes;
+  auto m = Model::load(dir, opt);
+  ASSERT_TRUE(m.ok()) << m.error();
+  const int64_t V = (*m)->config().vocab_size;
+  auto idle = (*m)->open_session();
+  ASSERT_TRUE((*idle)->append(testing::random_tokens(60, V, 31)).ok());  // 4 pages
+  auto gen = (*m)->open_session();
+  ASSERT_TRUE((*gen)->append(testing::random_tokens(30, V, 32)).ok());   // 2 pages: the pool is full
+  GenerateOptions g;
+  g.max_tokens = 2;  // 32 tokens: still within its 2 pages
+  ASSERT_TRUE((*gen)->generate(g).ok());
+  EXPECT_EQ((*m)->kv_reclaims(), 0);
+  g.max_tokens = 10;  // the 33rd token needs a third page
+  auto r = (*gen)->generate(g);
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->tokens.size(), 10u);
+  EXPECT_EQ((*m)->kv_reclaims(), 1);
+  ASSERT_TRUE((*idle)->generate(g).ok());  // rebuilds its 60 tokens first
+  EXPECT_EQ((*idle)->rebuilt_tokens(), 60);
+}
+
 }  // namespace
 }  // namespace kiln::engine
