@@ -121,5 +121,24 @@ TEST(Web, BuildsListAndComparePagesRender) {
   EXPECT_NE(cmp.find("class=\"bar\""), std::string::npos);
 }
 
+// A failed build's page says why: the message under the title and in the final status line.
+TEST(Web, FailedBuildPageShowsWhy) {
+  testing::TempDir dir;
+  testing::ServerFixture f(testing::test_config(dir));
+  auto b = f.store().submit(testing::spec_for("doomed task", "test-model"));
+  ASSERT_TRUE(b.ok());
+  int attempt = testing::claim_build(f.store(), b->id);
+  store::FinishRequest fin;
+  fin.status = store::BuildStatus::error;
+  fin.reason = store::OutcomeReason::model_error;
+  fin.error_message = "model failed to load: no config.json";
+  ASSERT_TRUE(f.store().finish(b->id, attempt, fin).ok());
+  std::string page = run_chromium((dir.path() / "p").string(), "--dump-dom --virtual-time-budget=5000",
+                                  f.url() + "/#/build/" + std::to_string(b->id));
+  EXPECT_NE(page.find("<p id=\"error\" class=\"error\">model failed to load: no config.json</p>"), std::string::npos)
+      << page;
+  EXPECT_NE(page.find("error (model_error): model failed to load: no config.json"), std::string::npos) << page;
+}
+
 }  // namespace
 }  // namespace kiln::server
