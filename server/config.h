@@ -70,8 +70,9 @@ struct ServerConfig {
   bool start_workers = true;     // false: HTTP only (tests that play the worker themselves)
   int io_threads = 2;            // threads running the HTTP io_context
   uint64_t max_body_bytes = 1 << 20;
-  uint64_t sse_buffer_bytes = 1 << 20;  // per SSE client; a client further behind is dropped
+  uint64_t sse_buffer_bytes = 1 << 20;  // per SSE client; above half of it a client is paused
   int sse_ping_seconds = 15;
+  int sse_stall_seconds = 30;  // a client paused this long is dropped (not in kiln.json; tests shorten it)
   std::vector<ModelConfig> models;
   std::string default_model;     // "" = the first model
   LimitsConfig limits;

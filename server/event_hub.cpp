@@ -144,6 +144,14 @@ void EventHub::pump_build(const std::string& build_id, std::vector<Subscriber>& 
     for (Subscriber& s : subs) {
       if (s.sink == nullptr || s.paused_since || s.last_seq >= ev.seq) continue;
       if (frame.empty()) frame = sse_frame(ev.seq, ev.kind, ev.json);
+      // A page can hold far more than the buffer (a replay from the start): the pause rule holds
+      // per event, so a subscriber takes what fits and the rest on a later pump, once it drained.
+      size_t buffered = s.sink->buffered_bytes();
+      if (buffered > options_.buffer_limit_bytes / 2 ||
+          (buffered > 0 && buffered + frame.size() > options_.buffer_limit_bytes)) {
+        s.paused_since = now;
+        continue;
+      }
       if (deliver(s, frame)) s.last_seq = ev.seq;
     }
   }

@@ -189,7 +189,12 @@ void SseSession::on_write(beast::error_code ec, std::size_t) {
     return;
   }
   size_t n = queue_.front().size();
+  size_t half = ctx_.app->config->sse_buffer_bytes / 2;
+  bool was_above_half = buffered_.load() > half;
   buffered_ -= std::min(buffered_.load(), n);
+  // The hub pauses a client above half its buffer: wake it as soon as this one drained below,
+  // so a replay runs at the client's pace rather than one buffer per poll interval.
+  if (was_above_half && buffered_.load() <= half) ctx_.app->hub->notify();
   queue_.pop_front();
   if (ec) return do_close();
   if (!queue_.empty()) return do_write();

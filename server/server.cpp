@@ -89,6 +89,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
   impl->feed = std::make_unique<StoreFeed>(*impl->store);
   HubOptions hub_options;
   hub_options.ping_interval = std::chrono::seconds(config.sse_ping_seconds);
+  hub_options.stall_timeout = std::chrono::seconds(config.sse_stall_seconds);
   hub_options.buffer_limit_bytes = config.sse_buffer_bytes;
   impl->hub = std::make_unique<EventHub>(*impl->feed, hub_options);
   impl->models = std::make_unique<ModelRegistry>(impl->config.models);
