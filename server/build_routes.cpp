@@ -78,6 +78,17 @@ int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {  // Howard Hinnant's 
   return era * 146097 + doe - 719468;
 }
 
+// A JSON integer within [lo, hi]. get<int64_t>() alone would wrap an unsigned value past INT64_MAX
+// (18446744073709551615 reads as -1), so those count as out of range.
+bool json_integer_in(const json& v, int64_t lo, int64_t hi, int64_t& out) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return false;
+  int64_t n = v.get<int64_t>();
+  if (n < lo || n > hi) return false;
+  out = n;
+  return true;
+}
+
 // Reads exactly `n` decimal digits at text[pos].
 bool digits(std::string_view text, size_t pos, size_t n, int64_t& out) {
   if (pos + n > text.size()) return false;
@@ -200,23 +211,29 @@ std::optional<HttpResponse> parse_submit(const std::string& body, const ServerCo
   if (doc.contains("limits") && !doc["limits"].is_null()) {
     const json& l = doc["limits"];
     if (!l.is_object()) return error_response(400, "invalid_type", "limits must be an object", "limits");
-    std::pair<const char*, int64_t*> fields[] = {{"steps", &spec.limits.max_steps},
-                                                 {"tokens", &spec.limits.max_tokens},
-                                                 {"wall_seconds", &spec.limits.max_wall_s}};
+    struct LimitField {
+      const char* name;
+      int64_t* target;
+      int64_t max;  // the store's bound (store.h), so a build it accepts never fails at the worker
+    };
+    const LimitField fields[] = {{"steps", &spec.limits.max_steps, store::kMaxLimitSteps},
+                                 {"tokens", &spec.limits.max_tokens, store::kMaxLimitTokens},
+                                 {"wall_seconds", &spec.limits.max_wall_s, store::kMaxLimitWallSeconds}};
     for (auto it = l.begin(); it != l.end(); ++it) {
-      int64_t* target = nullptr;
-      for (auto& [name, ptr] : fields) target = it.key() == name ? ptr : target;
+      const LimitField* f = nullptr;
+      for (const LimitField& candidate : fields) f = it.key() == candidate.name ? &candidate : f;
       std::string field = "limits." + it.key();
-      if (target == nullptr) return error_response(400, "unknown_field", "unknown field '" + field + "'", field);
-      if (!it->is_number_integer() || it->get<int64_t>() < 1) {
-        return error_response(400, "invalid_type", field + " must be a positive integer", field);
+      if (f == nullptr) return error_response(400, "unknown_field", "unknown field '" + field + "'", field);
+      if (!json_integer_in(*it, 1, f->max, *f->target)) {
+        return error_response(400, "invalid_type", field + " must be an integer in [1, " + std::to_string(f->max) + "]",
+                              field);
       }
-      *target = it->get<int64_t>();
     }
   }
   if (doc.contains("priority") && !doc["priority"].is_null()) {
-    if (!doc["priority"].is_number_integer()) return error_response(400, "invalid_type", "priority must be an integer", "priority");
-    spec.priority = doc["priority"].get<int64_t>();
+    if (!json_integer_in(doc["priority"], INT64_MIN, INT64_MAX, spec.priority)) {
+      return error_response(400, "invalid_type", "priority must be a 64-bit signed integer", "priority");
+    }
   }
   return std::nullopt;
 }

@@ -12,6 +12,7 @@
 
 #include "engine/cache/kv_pool.h"
 #include "engine/cpu/quant.h"
+#include "store/store.h"
 
 namespace kiln::server {
 
@@ -100,11 +101,14 @@ class ObjectReader {
     return std::nullopt;
   }
   template <typename Int>
-  std::optional<std::string> integer(const std::string& key, Int& out, int64_t min_value) {
+  std::optional<std::string> integer(const std::string& key, Int& out, int64_t min_value,
+                                     std::optional<int64_t> upper = std::nullopt) {
     if (!has(key)) return std::nullopt;
     const json& v = at(key);
-    // The upper bound of Int too: 4294967297 for an int field used to wrap around to 1.
-    const int64_t max_value = static_cast<int64_t>(std::min<uint64_t>(std::numeric_limits<Int>::max(), INT64_MAX));
+    // The upper bound of Int too (4294967297 for an int field used to wrap around to 1), or a
+    // tighter one the caller gives.
+    int64_t max_value = static_cast<int64_t>(std::min<uint64_t>(std::numeric_limits<Int>::max(), INT64_MAX));
+    if (upper && *upper < max_value) max_value = *upper;
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max_value)) ||
         v.get<int64_t>() < min_value || v.get<int64_t>() > max_value) {
       return field(key) + ": expected an integer from " + std::to_string(min_value) + " to " + std::to_string(max_value);
@@ -218,9 +222,10 @@ std::optional<std::string> parse_model(const json& j, const std::string& path, M
 std::optional<std::string> parse_limits(const json& j, const std::string& path, LimitsConfig& l) {
   if (!j.is_object()) return path + ": expected an object";
   ObjectReader r(j, path);
-  KILN_TRY(r.integer("steps", l.steps, 1));
-  KILN_TRY(r.integer("tokens", l.tokens, 1));
-  KILN_TRY(r.integer("wall_seconds", l.wall_seconds, 1));
+  // The store's bounds: a default above them would make every build without limits a 400.
+  KILN_TRY(r.integer("steps", l.steps, 1, store::kMaxLimitSteps));
+  KILN_TRY(r.integer("tokens", l.tokens, 1, store::kMaxLimitTokens));
+  KILN_TRY(r.integer("wall_seconds", l.wall_seconds, 1, store::kMaxLimitWallSeconds));
   return r.reject_unknown();
 }
 

@@ -1,6 +1,8 @@
 // The build queue: submit, claim, heartbeat, finish, cancel, recover (state list in store.h).
 // Every transition runs in one write transaction with its `status` event, so the event log and
 // the builds table never disagree.
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "store/store_impl.h"
@@ -35,12 +37,16 @@ std::optional<Error> validate(const BuildSpec& spec, const StoreOptions& options
     return invalid("model", "unknown model \"" + spec.model +
                                 "\" (configured: " + (known.empty() ? "none" : known) + ")");
   }
-  if (spec.limits.max_steps < 0) return invalid("limits.max_steps", "limits.max_steps is negative");
-  if (spec.limits.max_tokens < 0) {
-    return invalid("limits.max_tokens", "limits.max_tokens is negative");
-  }
-  if (spec.limits.max_wall_s < 0) {
-    return invalid("limits.max_wall_s", "limits.max_wall_s is negative");
+  std::tuple<const char*, int64_t, int64_t> limits[] = {
+      {"limits.max_steps", spec.limits.max_steps, kMaxLimitSteps},
+      {"limits.max_tokens", spec.limits.max_tokens, kMaxLimitTokens},
+      {"limits.max_wall_s", spec.limits.max_wall_s, kMaxLimitWallSeconds}};
+  for (const auto& [field, value, max] : limits) {
+    if (value < 0) return invalid(field, std::string(field) + " is negative");
+    if (value > max) {
+      return invalid(field, std::string(field) + " is above its maximum " + std::to_string(max) + " (got " +
+                                std::to_string(value) + ")");
+    }
   }
   return std::nullopt;
 }

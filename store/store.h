@@ -136,12 +136,16 @@ inline constexpr std::string_view metric = "metric";
 inline constexpr std::string_view error = "error";
 }  // namespace event_kind
 
-// Budgets of one build; 0 means "no limit". Negative values are refused.
+// Budgets of one build; 0 means "no limit". Negative values, and values above the bounds below, are
+// refused: past them a worker's int step counter or its steady_clock deadline would overflow.
 struct Limits {
   int64_t max_steps = 0;
   int64_t max_tokens = 0;
   int64_t max_wall_s = 0;
 };
+inline constexpr int64_t kMaxLimitSteps = 1'000'000;
+inline constexpr int64_t kMaxLimitTokens = 1'000'000'000;
+inline constexpr int64_t kMaxLimitWallSeconds = 10'000'000;  // ~115 days
 
 // What a client submits. Validation errors name these fields: "repo", "ref", "task", "verify",
 // "model", "limits.max_steps", "limits.max_tokens", "limits.max_wall_s", "priority".

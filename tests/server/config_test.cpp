@@ -27,6 +27,9 @@ TEST(Config, LeaseMemoryBudgetAndIdleUnloading) {
   EXPECT_EQ(defaults.lease_seconds, 30);
   EXPECT_EQ(defaults.memory_budget_bytes, 0u);
   EXPECT_EQ(parse_error(R"({"lease_seconds": 0})"), "lease_seconds: expected an integer from 1 to 2147483647");
+  // Default limits above the store's bounds would make every build without limits a 400.
+  EXPECT_EQ(parse_error(R"({"limits": {"wall_seconds": 10000000000}})"),
+            "limits.wall_seconds: expected an integer from 1 to 10000000");
   EXPECT_NE(parse_error(R"({"memory_budget": "lots"})").find("memory_budget"), std::string::npos);
   EXPECT_NE(parse_error(R"({"models": [{"name": "m", "path": "p", "idle_unload_seconds": -1}]})")
                 .find("models[0].idle_unload_seconds"),

@@ -92,6 +92,42 @@ TEST_F(RoutesTest, SubmitValidationNamesTheField) {
   EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
 }
 
+TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
+  // Each of these used to be a 201 whose build then failed at once (the worker's int step count
+  // and steady_clock deadline overflowed) or stored a wrapped priority (2^64 - 1 read as -1).
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"steps":3000000000})", "limits.steps"},
+      {R"({"steps":1000001})", "limits.steps"},
+      {R"({"steps":18446744073709551615})", "limits.steps"},
+      {R"({"wall_seconds":10000000000})", "limits.wall_seconds"},
+      {R"({"tokens":10000000000})", "limits.tokens"},
+  };
+  for (const auto& [limits, field] : bad) {
+    expect_error(call("POST", "/v1/builds", std::string(R"({"repo":"r","task":"x","limits":)") + limits + "}"), 400,
+                 field);
+  }
+  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","priority":18446744073709551615})"), 400,
+               "priority");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","priority":9223372036854775808})"), 400,
+               "priority");
+  auto page = store_->list({});
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
+
+  // The bounds themselves are fine.
+  auto r = call("POST", "/v1/builds",
+                R"({"repo":"r","task":"x","limits":{"steps":1000000,"tokens":1000000000,"wall_seconds":10000000},)"
+                R"("priority":9223372036854775807})");
+  ASSERT_EQ(r.response.status, 201) << r.response.body;
+  EXPECT_EQ(body_of(r)["limits"]["wall_seconds"], 10000000);
+  EXPECT_EQ(body_of(r)["priority"], INT64_MAX);
+  r = call("POST", "/v1/builds", R"({"repo":"r","task":"y","priority":-9223372036854775808})");
+  ASSERT_EQ(r.response.status, 201) << r.response.body;
+  EXPECT_EQ(body_of(r)["priority"], INT64_MIN);
+}
+
+}
+
 TEST_F(RoutesTest, IdsAndPathsAreCheckedBeforeTheStore) {
   expect_error(call("GET", "/v1/builds/abc"), 400, "id");
   expect_error(call("GET", "/v1/builds/0"), 400, "id");

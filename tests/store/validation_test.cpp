@@ -28,6 +28,11 @@ TEST(StoreValidation, BadSpecsNameTheFieldAndWriteNothing) {
       {"negative steps", [](BuildSpec& s) { s.limits.max_steps = -1; }, "limits.max_steps"},
       {"negative tokens", [](BuildSpec& s) { s.limits.max_tokens = -5; }, "limits.max_tokens"},
       {"negative wall", [](BuildSpec& s) { s.limits.max_wall_s = -60; }, "limits.max_wall_s"},
+      // Past these the worker's int step count and steady_clock deadline overflow.
+      {"huge steps", [](BuildSpec& s) { s.limits.max_steps = 3'000'000'000; }, "limits.max_steps"},
+      {"steps just over", [](BuildSpec& s) { s.limits.max_steps = 1'000'001; }, "limits.max_steps"},
+      {"huge tokens", [](BuildSpec& s) { s.limits.max_tokens = 10'000'000'000; }, "limits.max_tokens"},
+      {"huge wall", [](BuildSpec& s) { s.limits.max_wall_s = 10'000'000'000; }, "limits.max_wall_s"},
   };
   for (const BadCase& c : cases) {
     BuildSpec s = spec();
@@ -50,6 +55,9 @@ TEST(StoreValidation, BadSpecsNameTheFieldAndWriteNothing) {
   Result<Build> good = store->submit(spec());
   ASSERT_OK(good);
   EXPECT_EQ(good->id, 1);
+  BuildSpec at_bounds = spec("at the bounds");
+  at_bounds.limits = {kMaxLimitSteps, kMaxLimitTokens, kMaxLimitWallSeconds};
+  ASSERT_OK(store->submit(at_bounds));
 }
 
 TEST(StoreValidation, BadClaimAndOpenOptionsNameTheField) {
