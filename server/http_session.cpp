@@ -26,7 +26,8 @@ HttpRequest to_plain(http::request<http::string_body>&& req) {
     out.headers[name] = std::string(field.value());
   }
   out.body = std::move(req.body());
-  if (parse_target(out.target, out.path, out.query)) out.path = out.target;  // router reports it
+  out.target_error = parse_target(out.target, out.path, out.query);
+  if (out.target_error) out.path = out.target;  // the router reports it
   return out;
 }
 

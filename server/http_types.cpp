@@ -42,13 +42,15 @@ const std::string& HttpRequest::header(const std::string& name) const {
   return it == headers.end() ? empty : it->second;
 }
 
-std::optional<std::string> parse_target(const std::string& target, std::string& path,
+std::optional<TargetError> parse_target(const std::string& target, std::string& path,
                                         std::map<std::string, std::string>& query) {
   query.clear();
   size_t qpos = target.find('?');
   std::string_view raw_path = std::string_view(target).substr(0, qpos);
-  if (raw_path.empty() || raw_path.front() != '/') return "request target must start with '/'";
-  if (!percent_decode(raw_path, false, path)) return "bad percent-encoding in path";
+  if (raw_path.empty() || raw_path.front() != '/') {
+    return TargetError{"request target must start with '/'", "path"};
+  }
+  if (!percent_decode(raw_path, false, path)) return TargetError{"bad percent-encoding in path", "path"};
   if (qpos == std::string::npos) return std::nullopt;
   std::string_view rest = std::string_view(target).substr(qpos + 1);
   while (!rest.empty()) {
@@ -58,9 +60,11 @@ std::optional<std::string> parse_target(const std::string& target, std::string& 
     if (pair.empty()) continue;
     size_t eq = pair.find('=');
     std::string key, value;
-    if (!percent_decode(pair.substr(0, eq), true, key)) return "bad percent-encoding in query";
+    if (!percent_decode(pair.substr(0, eq), true, key)) {
+      return TargetError{"bad percent-encoding in a query parameter name", "query"};
+    }
     if (eq != std::string_view::npos && !percent_decode(pair.substr(eq + 1), true, value)) {
-      return "bad percent-encoding in query parameter '" + key + "'";
+      return TargetError{"bad percent-encoding in query parameter '" + key + "'", key};
     }
     query[key] = value;
   }
@@ -68,7 +72,7 @@ std::optional<std::string> parse_target(const std::string& target, std::string& 
 }
 
 HttpRequest make_request(std::string method, std::string target, std::string body,
-                         std::map<std::string, std::string> headers, std::optional<std::string>* error) {
+                         std::map<std::string, std::string> headers) {
   HttpRequest req;
   req.method = std::move(method);
   req.target = std::move(target);
@@ -78,8 +82,7 @@ HttpRequest make_request(std::string method, std::string target, std::string bod
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     req.headers[lower] = value;
   }
-  auto err = parse_target(req.target, req.path, req.query);
-  if (error != nullptr) *error = err;
+  req.target_error = parse_target(req.target, req.path, req.query);
   return req;
 }
 
@@ -93,7 +96,7 @@ HttpResponse error_response(int status, const std::string& code, const std::stri
 HttpResponse json_response(int status, const nlohmann::json& body) {
   HttpResponse res;
   res.status = status;
-  res.body = body.dump();
+  res.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   res.body.push_back('\n');
   return res;
 }

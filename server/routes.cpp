@@ -112,6 +112,10 @@ RouteResult handle_request(const HttpRequest& req, App& app) {
   if (auto err = split_path(req.target, seg)) {
     return make(error_response(400, "invalid_path", *err, "path"), "invalid");
   }
+  if (const auto& err = req.target_error) {  // a malformed query: ignoring it would drop a filter
+    std::string code = err->field == "path" ? "invalid_path" : "invalid_parameter";
+    return make(error_response(400, code, err->message, err->field), "invalid");
+  }
   // Public: liveness and the static page (it holds no data; it asks the user for the token).
   if (seg.size() == 1 && seg[0] == "healthz") {
     if (req.method != "GET" && req.method != "HEAD") return make(method_not_allowed(req.method, "GET"), "/healthz");

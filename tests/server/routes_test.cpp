@@ -126,6 +126,35 @@ TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
   EXPECT_EQ(body_of(r)["priority"], INT64_MIN);
 }
 
+TEST_F(RoutesTest, InvalidUtf8InEchoedInputStillGetsAJsonError) {
+  // Error messages quote the input; a strict dump() used to throw on it (a 500).
+  const std::string replaced = "\xEF\xBF\xBD";  // U+FFFD
+  expect_error(call("GET", "/v1/builds?limit=%ff"), 400, "limit");
+  expect_error(call("GET", "/v1/builds/%ff"), 400, "id");
+  expect_error(call("GET", "/v1/compare?since=%ff"), 400, "since");
+  expect_error(call("GET", "/v1/builds?%ff=1"), 400, replaced);
+  expect_error(call("GET", "/nope%ff"), 404, "path");
+  auto b = store_->submit(testing::spec_for("utf8"));
+  ASSERT_TRUE(b.ok());
+  std::string events = "/v1/builds/" + std::to_string(b->id) + "/events";
+  expect_error(call("GET", events + "?after=%c3%28"), 400, "after");
+  expect_error(call("GET", events, "", {{"Accept", "text/event-stream"}, {"Last-Event-ID", "\xff"}}), 400,
+               "Last-Event-ID");
+  auto r = call("GET", "/v1/builds?limit=%ff");
+  EXPECT_NE(r.response.body.find("got '" + replaced + "'"), std::string::npos) << r.response.body;
+}
+
+TEST_F(RoutesTest, MalformedPercentEncodingInTheQueryIsA400NamingTheKey) {
+  // Used to be dropped silently: status=%zzrunning listed every build, unfiltered.
+  ASSERT_TRUE(store_->submit(testing::spec_for("queued")).ok());
+  auto r = call("GET", "/v1/builds?status=%zzrunning");
+  expect_error(r, 400, "status");
+  EXPECT_EQ(body_of(r)["error"]["code"], "invalid_parameter");
+  expect_error(call("GET", "/v1/builds?limit=5%"), 400, "limit");
+  expect_error(call("GET", "/v1/builds?model=test-model&%zz=1"), 400, "query");
+  EXPECT_EQ(call("GET", "/v1/builds?status=queued&model=test%2Dmodel").response.status, 200);
+}
+
 }
 
 TEST_F(RoutesTest, IdsAndPathsAreCheckedBeforeTheStore) {
