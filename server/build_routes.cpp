@@ -172,7 +172,7 @@ json build_json(const store::Build& b) {
             {"finished_ms", opt(b.finished_ms)},
             {"result_branch", opt(b.result_branch)},
             {"error_message", opt(b.error_message)},
-            {"has_diff", b.result_diff.has_value() && !b.result_diff->empty()},
+            {"has_diff", b.has_diff},
             {"metrics", metrics}};
   if (b.finished_ms && b.started_ms) j["duration_s"] = static_cast<double>(*b.finished_ms - *b.started_ms) / 1000.0;
   return j;

@@ -193,6 +193,7 @@ struct Build {
   std::optional<int64_t> finished_ms;  // set exactly when status is terminal
   std::optional<std::string> result_branch;
   std::optional<std::string> result_diff;  // omitted by list() unless include_diff
+  bool has_diff = false;                   // a non-empty result_diff exists, loaded or not
   std::optional<std::string> error_message;
   BuildMetrics metrics;
 };

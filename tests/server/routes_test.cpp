@@ -155,6 +155,24 @@ TEST_F(RoutesTest, MalformedPercentEncodingInTheQueryIsA400NamingTheKey) {
   EXPECT_EQ(call("GET", "/v1/builds?status=queued&model=test%2Dmodel").response.status, 200);
 }
 
+TEST_F(RoutesTest, HasDiffIsReportedWithoutLoadingTheDiff) {
+  auto with_diff = store_->submit(testing::spec_for("with diff"));
+  auto without = store_->submit(testing::spec_for("without diff"));
+  ASSERT_TRUE(with_diff.ok() && without.ok());
+  for (int64_t id : {with_diff->id, without->id}) {
+    int attempt = testing::claim_build(*store_, id);
+    store::FinishRequest fin;
+    fin.status = store::BuildStatus::succeeded;
+    fin.reason = store::OutcomeReason::no_verify;
+    if (id == with_diff->id) fin.result_diff = "--- a/x\n+++ b/x\n";
+    ASSERT_TRUE(store_->finish(id, attempt, fin).ok());
+  }
+  EXPECT_TRUE(body_of(call("GET", "/v1/builds/" + std::to_string(with_diff->id)))["has_diff"].get<bool>());
+  EXPECT_FALSE(body_of(call("GET", "/v1/builds/" + std::to_string(without->id)))["has_diff"].get<bool>());
+  json list = body_of(call("GET", "/v1/builds"));
+  ASSERT_EQ(list["builds"].size(), 2u);
+  EXPECT_FALSE(list["builds"][0]["has_diff"].get<bool>());  // newest first
+  EXPECT_TRUE(list["builds"][1]["has_diff"].get<bool>());
 }
 
 TEST_F(RoutesTest, IdsAndPathsAreCheckedBeforeTheStore) {

@@ -155,6 +155,36 @@ TEST(StoreQueue, FinishWritesOutcomeResultAndFinalMetrics) {
   EXPECT_EQ(store->finish(id, b.attempt, done).error().code, ErrorCode::fenced);
 }
 
+TEST(StoreQueue, HasDiffIsKnownWithoutLoadingTheDiff) {
+  TempDir dir;
+  auto store = open_store(dir.file("kiln.db"));
+  int64_t with_diff = store->submit(spec("with diff"))->id;
+  int64_t empty_diff = store->submit(spec("empty diff"))->id;
+  int64_t queued = store->submit(spec("queued"))->id;
+  for (int64_t id : {with_diff, empty_diff}) {
+    Build b = **store->claim(claimer());
+    ASSERT_EQ(b.id, id);
+    FinishRequest done;
+    done.status = BuildStatus::succeeded;
+    done.reason = OutcomeReason::no_verify;
+    done.result_diff = id == with_diff ? "--- a/x\n+++ b/x\n" : "";
+    ASSERT_OK(store->finish(id, b.attempt, done));
+  }
+  Result<Build> got = store->get(with_diff, /*include_diff=*/false);
+  ASSERT_OK(got);
+  EXPECT_FALSE(got->result_diff);
+  EXPECT_TRUE(got->has_diff);
+  EXPECT_FALSE(store->get(empty_diff)->has_diff);
+  EXPECT_FALSE(store->get(queued)->has_diff);
+  Result<ListPage> page = store->list({});
+  ASSERT_OK(page);
+  ASSERT_EQ(page->builds.size(), 3u);
+  EXPECT_FALSE(page->builds[0].result_diff);  // lists never load diffs
+  EXPECT_EQ(page->builds[0].has_diff, false);
+  EXPECT_EQ(page->builds[1].has_diff, false);
+  EXPECT_EQ(page->builds[2].has_diff, true);
+}
+
 TEST(StoreQueue, FinishRefusesAReasonThatDoesNotFitTheStatus) {
   TempDir dir;
   auto store = open_store(dir.file("kiln.db"));
