@@ -82,16 +82,19 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
                     false, "oversized");
   }
   if (ec == http::error::header_limit) {
+    ctx_.app->http_metrics->record("oversized", 431);
     return do_write(error_response(431, "headers_too_large", "request headers exceed 16 KiB", "headers"), false,
                     "oversized");
   }
   if (ec && is_http_parse_error(ec)) {
+    ctx_.app->http_metrics->record("invalid", 400);
     return do_write(error_response(400, "bad_request", "malformed HTTP request: " + ec.message(), "request"), false,
                     "invalid");
   }
   if (ec) return do_close();
 
   bool keep_alive = parser_->get().keep_alive();
+  bool head = parser_->get().method() == http::verb::head;
   HttpRequest req = to_plain(parser_->release());
   RouteResult result;
   try {
@@ -109,10 +112,10 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
   }
   if (result.stream) result.response = error_response(503, "unavailable", "the server is shutting down");
   ctx_.app->http_metrics->record(result.route, result.response.status);
-  do_write(std::move(result.response), keep_alive && !ctx_.stopping.load(), result.route);
+  do_write(std::move(result.response), keep_alive && !ctx_.stopping.load(), result.route, head);
 }
 
-void HttpSession::do_write(HttpResponse response, bool keep_alive, std::string) {
+void HttpSession::do_write(HttpResponse response, bool keep_alive, std::string, bool head) {
   response_ = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(response.status), 11);
   response_->set(http::field::server, "kiln");
   response_->set(http::field::content_type, response.content_type);
@@ -120,6 +123,8 @@ void HttpSession::do_write(HttpResponse response, bool keep_alive, std::string) 
   response_->keep_alive(keep_alive);
   response_->body() = std::move(response.body);
   response_->prepare_payload();
+  // HEAD: the GET response's headers, Content-Length included, and no body (RFC 9110 9.3.2).
+  if (head) response_->body().clear();
   http::async_write(stream_, *response_,
                     beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
 }

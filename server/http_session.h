@@ -54,7 +54,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
  private:
   void do_read();
   void on_read(beast::error_code ec, std::size_t bytes);
-  void do_write(HttpResponse response, bool keep_alive, std::string route);
+  void do_write(HttpResponse response, bool keep_alive, std::string route, bool head = false);
   void on_write(bool keep_alive, beast::error_code ec, std::size_t bytes);
   void do_close();
 

@@ -476,6 +476,40 @@ TEST(Server, ReplayFromTheStartOfMoreThanTheBufferGetsEveryEventAndEnd) {
   EXPECT_EQ(f.server().hub().dropped_count(), 0u);
 }
 
+TEST(Server, HeadGetsTheHeadersAndNoBody) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  RawSocket sock(f.server().port());
+  ASSERT_TRUE(sock.connected());
+  sock.send_all("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string got = sock.read_to_eof();
+  const std::string body = "{\"status\":\"ok\"}\n";
+  size_t head_end = got.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << got;
+  std::string head = got.substr(0, head_end);
+  EXPECT_NE(head.find("Content-Length: " + std::to_string(body.size())), std::string::npos) << head;
+  EXPECT_EQ(got.compare(head_end + 4, 9, "HTTP/1.1 "), 0) << "HEAD response has a body:\n" << got;
+  EXPECT_EQ(got.size() - body.size(), got.rfind(body)) << got;  // the GET's body, once, at the end
+  EXPECT_EQ(got.find(body), got.rfind(body)) << got;
+}
+
+TEST(Server, OversizedHeadersAndMalformedRequestsAreCounted) {
+  TempDir dir;
+  ServerFixture f(testing::test_config(dir));
+  {
+    RawSocket sock(f.server().port());
+    sock.send_all("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+    std::string got;
+    EXPECT_TRUE(sock.read_until("headers_too_large", got)) << got;
+  }
+  {
+    RawSocket sock(f.server().port());
+    sock.send_all("G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string got;
+    EXPECT_TRUE(sock.read_until("bad_request", got)) << got;
+  }
+  EXPECT_EQ(f.server().http_metrics().count("oversized", 431), 1u);
+  EXPECT_EQ(f.server().http_metrics().count("invalid", 400), 1u);
 }
 
 TEST(Server, StopClosesStreamsAndReturns) {
