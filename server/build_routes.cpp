@@ -100,6 +100,26 @@ bool digits(std::string_view text, size_t pos, size_t n, int64_t& out) {
   return true;
 }
 
+// A model name to compare must be configured or have been used by some build; anything else is
+// a typo that would otherwise get an all-zero report.
+std::optional<HttpResponse> check_model_known(const std::string& name, App& app) {
+  std::string configured;
+  for (const ModelConfig& m : app.config->models) {
+    if (m.name == name) return std::nullopt;
+    configured += (configured.empty() ? "" : ", ") + m.name;
+  }
+  store::ListQuery q;
+  q.model = name;
+  q.limit = 1;
+  auto page = app.store->list(q);
+  if (!page) return store_error(page.error(), "models");
+  if (!page->builds.empty()) return std::nullopt;
+  return error_response(400, "invalid_parameter",
+                        "unknown model '" + name + "' (configured: " + (configured.empty() ? "none" : configured) +
+                            "; no build used it either)",
+                        "models");
+}
+
 }  // namespace
 
 std::optional<int64_t> parse_since(std::string_view text) {
@@ -355,6 +375,7 @@ HttpResponse compare_models(const HttpRequest& req, App& app) {
       std::string name(rest.substr(0, comma));
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
       if (name.empty()) return error_response(400, "invalid_parameter", "models has an empty name", "models");
+      if (auto e = check_model_known(name, app)) return *e;
       q.models.push_back(std::move(name));
     }
   }

@@ -329,6 +329,18 @@ TEST_F(RoutesTest, CompareReturnsTheStoreReportAndValidatesModels) {
   }
 }
 
+TEST_F(RoutesTest, CompareRefusesAModelNeitherConfiguredNorUsedByAnyBuild) {
+  // Used to answer 200 with an all-zero row for the typo.
+  expect_error(call("GET", "/v1/compare?models=nope"), 400, "models");
+  expect_error(call("GET", "/v1/compare?models=test-model,nope"), 400, "models");
+  EXPECT_EQ(call("GET", "/v1/compare?models=test-model,other-model").response.status, 200);  // configured
+  // A model no longer configured still compares while builds of it exist.
+  ASSERT_TRUE(store_->submit(testing::spec_for("old", "other-model")).ok());
+  config_.models.pop_back();
+  auto r = call("GET", "/v1/compare?models=other-model");
+  EXPECT_EQ(r.response.status, 200) << r.response.body;
+}
+
 TEST(Since, ParsesRfc3339AndUnixSeconds) {
   EXPECT_EQ(parse_since("0"), 0);
   EXPECT_EQ(parse_since("1769860800"), 1769860800000);
