@@ -24,6 +24,18 @@ std::optional<Error> validate(const BuildSpec& spec, const StoreOptions& options
   constexpr size_t kMaxTaskBytes = 1 << 20;
   if (blank(spec.repo)) return invalid("repo", "repo is empty");
   if (spec.repo.size() > 4096) return invalid("repo", "repo is longer than 4096 bytes");
+  {
+    // A URL ("https://…", "file://…"), scp-like ("git@host:org/repo"), or an absolute path: a
+    // relative path would be resolved in the server's working directory, not the submitter's.
+    const size_t colon = spec.repo.find(':'), slash = spec.repo.find('/');
+    const bool url_or_scp = colon != std::string::npos && (slash == std::string::npos || colon < slash);
+    if (!url_or_scp && spec.repo.front() != '/') {
+      std::string message = "repo \"";  // appended in place: `"…" + std::string` trips GCC 12's -Wrestrict
+      message += spec.repo;
+      message += "\" is a relative path; give a URL or an absolute path";
+      return invalid("repo", std::move(message));
+    }
+  }
   if (spec.ref.size() > 1024) return invalid("ref", "ref is longer than 1024 bytes");
   if (blank(spec.task)) return invalid("task", "task is empty");
   if (spec.task.size() > kMaxTaskBytes) return invalid("task", "task is longer than 1 MiB");

@@ -77,16 +77,18 @@ TEST_F(RoutesTest, SubmitValidationNamesTheField) {
   expect_error(call("POST", "/v1/builds", "{not json"), 400, "body");
   expect_error(call("POST", "/v1/builds", "[1,2]"), 400, "body");
   expect_error(call("POST", "/v1/builds", R"({"task":"x"})"), 400, "repo");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r"})"), 400, "task");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r"})"), 400, "task");
   expect_error(call("POST", "/v1/builds", R"({"repo":5,"task":"x"})"), 400, "repo");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","colour":"red"})"), 400, "colour");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","limits":{"steps":"ten"}})"), 400, "limits.steps");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","limits":{"steps":-1}})"), 400, "limits.steps");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","limits":{"bogus":1}})"), 400, "limits.bogus");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","limits":[]})"), 400, "limits");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","priority":1.5})"), 400, "priority");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","model":"nope"})"), 400, "model");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"   "})"), 400, "task");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","colour":"red"})"), 400, "colour");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","limits":{"steps":"ten"}})"), 400, "limits.steps");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","limits":{"steps":-1}})"), 400, "limits.steps");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","limits":{"bogus":1}})"), 400, "limits.bogus");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","limits":[]})"), 400, "limits");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","priority":1.5})"), 400, "priority");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","model":"nope"})"), 400, "model");
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"   "})"), 400, "task");
+  // A relative path would be resolved in the server's working directory, not the caller's.
+  expect_error(call("POST", "/v1/builds", R"({"repo":"projects/app","task":"x"})"), 400, "repo");
   auto page = store_->list({});
   ASSERT_TRUE(page.ok());
   EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
@@ -103,12 +105,12 @@ TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
       {R"({"tokens":10000000000})", "limits.tokens"},
   };
   for (const auto& [limits, field] : bad) {
-    expect_error(call("POST", "/v1/builds", std::string(R"({"repo":"r","task":"x","limits":)") + limits + "}"), 400,
+    expect_error(call("POST", "/v1/builds", std::string(R"({"repo":"/r","task":"x","limits":)") + limits + "}"), 400,
                  field);
   }
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","priority":18446744073709551615})"), 400,
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","priority":18446744073709551615})"), 400,
                "priority");
-  expect_error(call("POST", "/v1/builds", R"({"repo":"r","task":"x","priority":9223372036854775808})"), 400,
+  expect_error(call("POST", "/v1/builds", R"({"repo":"/r","task":"x","priority":9223372036854775808})"), 400,
                "priority");
   auto page = store_->list({});
   ASSERT_TRUE(page.ok());
@@ -116,12 +118,12 @@ TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
 
   // The bounds themselves are fine.
   auto r = call("POST", "/v1/builds",
-                R"({"repo":"r","task":"x","limits":{"steps":1000000,"tokens":1000000000,"wall_seconds":10000000},)"
+                R"({"repo":"/r","task":"x","limits":{"steps":1000000,"tokens":1000000000,"wall_seconds":10000000},)"
                 R"("priority":9223372036854775807})");
   ASSERT_EQ(r.response.status, 201) << r.response.body;
   EXPECT_EQ(body_of(r)["limits"]["wall_seconds"], 10000000);
   EXPECT_EQ(body_of(r)["priority"], INT64_MAX);
-  r = call("POST", "/v1/builds", R"({"repo":"r","task":"y","priority":-9223372036854775808})");
+  r = call("POST", "/v1/builds", R"({"repo":"/r","task":"y","priority":-9223372036854775808})");
   ASSERT_EQ(r.response.status, 201) << r.response.body;
   EXPECT_EQ(body_of(r)["priority"], INT64_MIN);
 }

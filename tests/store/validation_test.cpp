@@ -24,6 +24,8 @@ TEST(StoreValidation, BadSpecsNameTheFieldAndWriteNothing) {
       {"unknown model", [](BuildSpec& s) { s.model = "gpt-17"; }, "model"},
       {"empty model", [](BuildSpec& s) { s.model = ""; }, "model"},
       {"empty repo", [](BuildSpec& s) { s.repo = ""; }, "repo"},
+      {"relative repo path", [](BuildSpec& s) { s.repo = "projects/app"; }, "repo"},
+      {"dot repo path", [](BuildSpec& s) { s.repo = "."; }, "repo"},
       {"empty verify", [](BuildSpec& s) { s.verify = " "; }, "verify"},
       {"negative steps", [](BuildSpec& s) { s.limits.max_steps = -1; }, "limits.max_steps"},
       {"negative tokens", [](BuildSpec& s) { s.limits.max_tokens = -5; }, "limits.max_tokens"},
