@@ -216,6 +216,15 @@ TEST(BuildPipeline, unknown_model_is_a_model_error) {
   EXPECT_NE(stored->error_message.value_or("").find("nonexistent"), std::string::npos);
 }
 
+// Attempt 1 of `build`: the median fix, then the worker shuts down during its next turn.
+BuildReport fix_then_shut_down(Pipeline& p, const store::Build& build) {
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(testing::fix_median_call()),
+                                          turn_with(call("view", Json{{"path", "."}}))};
+  script[1].expect = [&](const std::vector<Message>&) { stop.request(StopCause::shutdown); };
+  return run_build(*p.ts.store, build, p.options, scripted(script), stop);
+}
+
 // Attempt 1 edits, then the worker shuts down mid-build; the lease expires, recovery requeues,
 // attempt 2 is told and continues from the workspace attempt 1 left.
 TEST(BuildPipeline, interrupted_build_resumes_from_its_workspace) {
@@ -223,11 +232,7 @@ TEST(BuildPipeline, interrupted_build_resumes_from_its_workspace) {
   p.options.lease_ms = 1'000;
   p.submit("python3 -m unittest -q");
   auto first = p.claim();
-  StopSignal stop1;
-  auto script1 = std::vector<ScriptedTurn>{turn_with(testing::fix_median_call()),
-                                           turn_with(call("view", Json{{"path", "."}}))};
-  script1[1].expect = [&](const std::vector<Message>&) { stop1.request(StopCause::shutdown); };
-  BuildReport r1 = run_build(*p.ts.store, first, p.options, scripted(script1), stop1);
+  BuildReport r1 = fix_then_shut_down(p, first);
   EXPECT_FALSE(r1.finished);
   EXPECT_TRUE(std::filesystem::exists(p.workspace(first.id)));  // kept for the next attempt
 
@@ -260,11 +265,7 @@ TEST(BuildPipeline, resumed_build_whose_change_was_already_committed_reports_tha
   p.options.lease_ms = 1'000;
   p.submit("python3 -m unittest -q");
   auto first = p.claim();
-  StopSignal stop1;
-  auto script1 = std::vector<ScriptedTurn>{turn_with(testing::fix_median_call()),
-                                           turn_with(call("view", Json{{"path", "."}}))};
-  script1[1].expect = [&](const std::vector<Message>&) { stop1.request(StopCause::shutdown); };
-  BuildReport r1 = run_build(*p.ts.store, first, p.options, scripted(script1), stop1);
+  BuildReport r1 = fix_then_shut_down(p, first);
   ASSERT_FALSE(r1.finished);
   auto committed = tools::git_commit_all(p.workspace(first.id), "attempt 1");  // as its commit phase would
   ASSERT_TRUE(committed.ok()) << committed.error;

@@ -158,17 +158,22 @@ TEST(SessionErrors, BadTokenAndExhaustedMemoryAreReportedWithoutDamage) {
   EXPECT_TRUE((*s2)->append(std::vector<int32_t>(5, 1)).ok());
 }
 
+// A tiny model for two sessions whose KV pool holds exactly `pages` pages of 16 tokens.
+Result<std::unique_ptr<Model>> model_with_kv_pages(const std::string& dir, int64_t pages) {
+  EngineOptions opt;
+  opt.max_sessions = 2;
+  auto probe = Model::load(dir, opt);
+  if (!probe) return probe;
+  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + pages * (*probe)->plan().page_bytes;
+  return Model::load(dir, opt);
+}
+
 // A full pool takes the pages of the least recently used idle session (an agent running a tool)
 // instead of failing the call; that session re-prefills its history on its next call and goes on
 // with the same logits as if nothing happened.
 TEST(SessionErrors, FullKvReclaimsAnIdleSessionWhichRebuildsOnItsNextCall) {
-  EngineOptions opt;
-  opt.max_sessions = 2;
   const std::string dir = make_model(TinyModelOptions{});
-  auto probe = Model::load(dir, opt);
-  ASSERT_TRUE(probe.ok()) << probe.error();
-  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + 6 * (*probe)->plan().page_bytes;
-  auto m = Model::load(dir, opt);
+  auto m = model_with_kv_pages(dir, 6);
   ASSERT_TRUE(m.ok()) << m.error();
   ASSERT_EQ((*m)->plan().pages, 6);
   const int64_t V = (*m)->config().vocab_size;
@@ -200,13 +205,8 @@ TEST(SessionErrors, FullKvReclaimsAnIdleSessionWhichRebuildsOnItsNextCall) {
 // The same on the scheduler's side: a generating session whose next token needs a page takes an
 // idle session's; the speculative up-front reservation of max_tokens takes nothing from anyone.
 TEST(SessionErrors, GenerateTakesAnIdleSessionsPagesOnlyWhenATokenNeedsOne) {
-  EngineOptions opt;
-  opt.max_sessions = 2;
   const std::string dir = make_model(TinyModelOptions{});
-  auto probe = Model::load(dir, opt);
-  ASSERT_TRUE(probe.ok()) << probe.error();
-  opt.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + 6 * (*probe)->plan().page_bytes;
-  auto m = Model::load(dir, opt);
+  auto m = model_with_kv_pages(dir, 6);
   ASSERT_TRUE(m.ok()) << m.error();
   const int64_t V = (*m)->config().vocab_size;
   auto idle = (*m)->open_session();
