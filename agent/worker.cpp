@@ -15,6 +15,7 @@
 namespace kiln::agent {
 
 namespace {
+constexpr size_t kMaxStoredDiffBytes = 8u << 20;  // the diff kept with a build's outcome
 std::mutex g_sandbox_failures_mu;
 std::map<std::string, int64_t> g_sandbox_failures;  // guarded by g_sandbox_failures_mu
 }  // namespace
@@ -246,6 +247,16 @@ class BuildRun {
       return "";
     }
     diff_ = diff.value;
+    if (diff_.size() > kMaxStoredDiffBytes) {
+      // The commit keeps the whole change; the stored copy (API, web page, every build list read)
+      // stays bounded when a build generates megabytes of files.
+      size_t cut = diff_.rfind('\n', kMaxStoredDiffBytes);
+      cut = cut == std::string::npos ? kMaxStoredDiffBytes : cut + 1;
+      const size_t total = diff_.size();
+      diff_.resize(cut);
+      diff_ += "[kiln: diff cut at " + std::to_string(cut) + " of " + std::to_string(total) +
+               " bytes; the whole change is on branch " + branch_ + "]\n";
+    }
     if (diff_.empty()) {
       emit("log", {{"phase", "commit"}, {"message", "no changes to commit"}});
       return "";

@@ -138,6 +138,28 @@ TEST(BuildPipeline, successful_build_is_verified_committed_and_recorded) {
   EXPECT_LT(i, events.size()) << "events out of order or missing";
 }
 
+// A build that generates megabytes of files: the commit keeps them all, the stored diff is cut
+// with a note naming the branch (it is read by the API, the page and every outcome read).
+TEST(BuildPipeline, a_huge_diff_is_stored_cut_with_a_note) {
+  Pipeline p("stats-py");
+  p.submit(std::nullopt);
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{
+      turn_with(call("bash", Json{{"command", "head -c 9000000 /dev/zero | tr '\\0' a | fold -w 99 > big.txt"}})),
+      turn_with(call("submit", Json{{"summary", "generated"}}))};
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  auto stored = p.ts.store->get(build.id);
+  ASSERT_TRUE(stored.ok());
+  const std::string diff = stored->result_diff.value_or("");
+  EXPECT_LE(diff.size(), (8u << 20) + 200);
+  EXPECT_GE(diff.size(), 8u << 19);
+  EXPECT_NE(diff.find("[kiln: diff cut at "), std::string::npos);
+  EXPECT_NE(diff.find("the whole change is on branch kiln/" + std::to_string(build.id)), std::string::npos);
+  EXPECT_FALSE(report.commit.empty());
+}
+
 TEST(BuildPipeline, failing_verify_ends_failed_with_verify_failed) {
   Pipeline p("stats-py");
   p.submit("python3 -m unittest -q");
