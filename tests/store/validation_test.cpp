@@ -25,7 +25,7 @@ TEST(StoreValidation, BadSpecsNameTheFieldAndWriteNothing) {
       {"empty model", [](BuildSpec& s) { s.model = ""; }, "model"},
       {"empty repo", [](BuildSpec& s) { s.repo = ""; }, "repo"},
       {"relative repo path", [](BuildSpec& s) { s.repo = "projects/app"; }, "repo"},
-      {"dot repo path", [](BuildSpec& s) { s.repo = "."; }, "repo"},
+      {"dot-relative repo path", [](BuildSpec& s) { s.repo = "./app"; }, "repo"},
       {"empty verify", [](BuildSpec& s) { s.verify = " "; }, "verify"},
       {"negative steps", [](BuildSpec& s) { s.limits.max_steps = -1; }, "limits.max_steps"},
       {"negative tokens", [](BuildSpec& s) { s.limits.max_tokens = -5; }, "limits.max_tokens"},
