@@ -95,6 +95,22 @@ TEST(Cli, ServeRefusesAModelDirectoryWithoutConfigJson) {
   EXPECT_NE(r.err.find("models[0].path: no config.json in '/nonexistent/model'"), std::string::npos) << r.err;
 }
 
+// A KV budget that leaves each session far less than an agent build's context is said at start
+// (here the released 35B-A3B's config with the 1 GiB default for 4 sessions); the server then
+// fails to open its database (a directory), which ends the command.
+TEST(Cli, ServeWarnsWhenTheKvBudgetIsSmallForAgentBuilds) {
+  kiln::server::testing::TempDir dir;
+  std::filesystem::create_directories(dir.path() / "model");
+  std::filesystem::copy_file(std::filesystem::path(KILN_SOURCE_DIR) / "examples/models/qwen3.6-35b-a3b.config.json",
+                             dir.path() / "model" / "config.json");
+  const auto config = dir.path() / "kiln.json";
+  std::ofstream(config) << R"({"models": [{"name": "big", "path": ")" << (dir.path() / "model").string() << R"("}]})";
+  CliResult r = run_cli({"serve", "--config", config.string(), "--db", dir.path().string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("KV budget is small for agent builds"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model=big"), std::string::npos) << r.err;
+}
+
 // The client commands against a server whose real workers run the scripted test model.
 TEST(Cli, SubmitFollowLogsBuildsAndCancelAgainstALiveServer) {
   namespace t = kiln::server::testing;
