@@ -2,6 +2,7 @@
 
 #include <csignal>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -105,6 +106,7 @@ class BuildRun {
   BuildReport run() {
     LeaseKeeper lease(store_, build_.id, build_.attempt, options_.lease_ms, options_.heartbeat_interval, stop_);
     status("setup", {{"attempt", build_.attempt}, {"repo", build_.spec.repo}, {"ref", build_.spec.ref}});
+    if (build_.attempt > 1) recover_lost_attempt_metrics();
     std::string resume_note;
     if (!options_.sandbox_unusable.empty()) {
       count_sandbox_failure("unusable");
@@ -135,6 +137,53 @@ class BuildRun {
   }
 
  private:
+  // An earlier attempt that died without writing its totals (a crash, a kill, a lost lease) still
+  // left its per-step metric and tool_call events in the log: its model tokens, prefill and decode
+  // times, steps, tool calls and wall time are summed from them and added to the build's metrics,
+  // so a resumed build is compared across models with all it spent. An attempt that wrote its
+  // totals has a metric event with seconds_wall, and is skipped.
+  void recover_lost_attempt_metrics() {
+    std::map<int, store::BuildMetrics> lost;
+    std::map<int, bool> recorded;
+    std::map<int, std::pair<int64_t, int64_t>> span_ms;  // first and last event time
+    for (int64_t after = 0;;) {
+      auto page = store_.read_events(build_.id, after, 1000);
+      if (!page.ok() || page->empty()) break;
+      for (const store::Event& e : *page) {
+        after = e.seq;
+        if (e.attempt <= 0 || e.attempt >= build_.attempt) continue;
+        auto& [first, last] = span_ms[e.attempt];
+        if (first == 0) first = e.ts_ms;
+        last = e.ts_ms;
+        const Json p = Json::parse(e.payload_json, nullptr, false);
+        if (!p.is_object()) continue;
+        store::BuildMetrics& m = lost[e.attempt];
+        if (e.kind == "metric" && p.contains("seconds_wall")) recorded[e.attempt] = true;
+        if (e.kind == "metric" && p.contains("step")) {
+          ++m.steps;
+          m.tokens_prefilled += p.value("tokens_prefilled", int64_t{0});
+          m.tokens_cached += p.value("tokens_reused", int64_t{0});
+          m.tokens_generated += p.value("tokens_generated", int64_t{0});
+          m.tokens_reasoning += p.value("tokens_reasoning", int64_t{0});
+          m.seconds_prefill += p.value("prefill_s", 0.0);
+          m.seconds_decode += p.value("decode_s", 0.0);
+        } else if (e.kind == "tool_call" && p.contains("name") && p["name"].is_string()) {
+          ++m.tool_calls[p["name"].get<std::string>()];
+        }
+      }
+      if (page->size() < 1000) break;
+    }
+    for (auto& [attempt, m] : lost) {
+      if (recorded[attempt]) continue;
+      m.seconds_wall = double(span_ms[attempt].second - span_ms[attempt].first) / 1000.0;
+      if (auto added = store_.add_metrics(build_.id, build_.attempt, m); !added.ok()) continue;
+      emit("log", {{"phase", "resume"}, {"message", "metrics of attempt " + std::to_string(attempt) +
+                                                        " recovered from its log (it ended without writing them)"},
+                   {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
+                   {"tokens_generated", m.tokens_generated}});
+    }
+  }
+
   // Fresh clone, or the previous attempt's workspace on resume. Returns an error message.
   std::optional<std::string> set_up_workspace(std::string& resume_note) {
     bool resumed = build_.attempt > 1 && try_resume(resume_note);
@@ -307,8 +356,10 @@ class BuildRun {
   // Stopped without an outcome (shutdown, lost lease): the build goes back to the queue. What this
   // attempt spent is added to the build's metrics while the lease still holds (after a lost lease
   // the store's fence refuses it), so a resumed build's totals include the interrupted attempt.
+  // The totals event marks them as recorded (see recover_lost_attempt_metrics).
   BuildReport abandoned(std::string message) {
     metrics_.seconds_wall = seconds_since(started_);
+    emit("metric", Json::parse(store::to_json(metrics_)));
     (void)store_.add_metrics(build_.id, build_.attempt, metrics_);
     BuildReport report;
     report.message = std::move(message);

@@ -310,6 +310,43 @@ TEST(BuildPipeline, resumed_build_whose_change_was_already_committed_reports_tha
   EXPECT_NE(p.ts.store->get(first.id)->result_diff.value_or("").find("stats.py"), std::string::npos);
 }
 
+// An attempt that died without writing its totals (killed: no shutdown path ran) still logged its
+// steps: the next attempt adds them to the build's metrics, so a resumed build is compared with
+// everything it spent. (A graceful stop writes its totals; the test above checks they are not
+// counted twice.)
+TEST(BuildPipeline, a_killed_attempts_metrics_are_recovered_from_its_log) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit(std::nullopt);
+  auto first = p.claim();
+  const std::vector<store::NewEvent> logged = {
+      {"metric", R"({"step":1,"tokens_prefilled":900,"tokens_reused":0,"tokens_generated":40,"tokens_reasoning":30,"prefill_s":2.5,"decode_s":1.0})"},
+      {"tool_call", R"({"name":"bash","arguments":{"command":"ls"}})"},
+      {"metric", R"({"step":2,"tokens_prefilled":60,"tokens_reused":940,"tokens_generated":20,"tokens_reasoning":0,"prefill_s":0.5,"decode_s":0.5})"},
+      {"tool_call", R"({"name":"view","arguments":{"path":"stats.py"}})"}};
+  ASSERT_TRUE(p.ts.store->append_events(first.id, first.attempt, logged).ok());
+  p.ts.clock->fetch_add(10'000);  // the worker died: its lease lapses
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  ASSERT_EQ(second.attempt, 2);
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "done"}}))};
+  BuildReport r = run_build(*p.ts.store, second, p.options, scripted(script), stop);
+  ASSERT_TRUE(r.finished) << r.message;
+  auto stored = p.ts.store->get(first.id);
+  ASSERT_TRUE(stored.ok());
+  const store::BuildMetrics& m = stored->metrics;
+  EXPECT_EQ(m.steps, 3) << store::to_json(m);  // two recovered + the one of attempt 2
+  EXPECT_GE(m.tokens_prefilled, 960);
+  EXPECT_GE(m.tokens_cached, 940);
+  EXPECT_GE(m.tokens_generated, 60);
+  EXPECT_GE(m.seconds_prefill, 3.0);
+  EXPECT_EQ(m.tool_calls.at("bash"), 1);
+  EXPECT_EQ(m.tool_calls.at("view"), 1);
+  auto events = p.events(first.id);
+  EXPECT_LT(find_event(events, 0, "log", "metrics of attempt 1 recovered from its log"), events.size());
+}
+
 TEST(BuildPipeline, interrupted_build_without_workspace_says_it_restarts_from_scratch) {
   Pipeline p("stats-py", /*fake_clock=*/true);
   p.options.lease_ms = 1'000;
