@@ -108,6 +108,14 @@ std::optional<int64_t> parse_build_id(const std::string& segment) {
 }
 
 RouteResult handle_request(const HttpRequest& req, App& app) {
+  // HEAD is GET without the body (RFC 9110 9.3.2; the session drops the body): routed as GET,
+  // never as an event stream (no Accept), so it gets the headers of the JSON answer.
+  if (req.method == "HEAD") {
+    HttpRequest as_get = req;
+    as_get.method = "GET";
+    as_get.headers.erase("accept");
+    return handle_request(as_get, app);  // a route without GET answers 405 with its Allow
+  }
   std::vector<std::string> seg;
   if (auto err = split_path(req.target, seg)) {
     return make(error_response(400, "invalid_path", *err, "path"), "invalid");

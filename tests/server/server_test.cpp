@@ -491,6 +491,17 @@ TEST(Server, HeadGetsTheHeadersAndNoBody) {
   EXPECT_EQ(got.compare(head_end + 4, 9, "HTTP/1.1 "), 0) << "HEAD response has a body:\n" << got;
   EXPECT_EQ(got.size() - body.size(), got.rfind(body)) << got;  // the GET's body, once, at the end
   EXPECT_EQ(got.find(body), got.rfind(body)) << got;
+
+  // Every GET route answers HEAD (the API ones too), and an event stream's HEAD does not stream.
+  for (const char* target : {"/v1/builds", "/v1/models", "/metrics", "/v1/builds/1/events"}) {
+    RawSocket s2(f.server().port());
+    ASSERT_TRUE(s2.connected());
+    s2.send_all(std::string("HEAD ") + target +
+                " HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\nConnection: close\r\n\r\n");
+    std::string reply = s2.read_to_eof();
+    EXPECT_TRUE(reply.rfind("HTTP/1.1 200", 0) == 0 || reply.rfind("HTTP/1.1 404", 0) == 0) << target << ":\n" << reply;
+    EXPECT_EQ(reply.find("\r\n\r\n") + 4, reply.size()) << target << ": HEAD response has a body:\n" << reply;
+  }
 }
 
 TEST(Server, OversizedHeadersAndMalformedRequestsAreCounted) {
