@@ -14,19 +14,25 @@ namespace kiln::sandbox {
 
 namespace {
 
-// ppid of pid from /proc/<pid>/stat; the comm field may contain spaces and ')' so parse from the
-// last ')'.
-pid_t parent_of(const char* pid_dir) {
-  std::ifstream in(std::string("/proc/") + pid_dir + "/stat");
+// comm, state and ppid of pid from /proc/<pid>/stat; the comm field may contain spaces and ')',
+// so the rest is parsed from the last ')'. ppid is -1 when the process is gone.
+struct ProcStat {
+  std::string comm;
+  char state = '?';
+  pid_t ppid = -1;
+};
+
+ProcStat read_stat(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/stat");
   std::string stat;
   std::getline(in, stat);
-  auto close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
+  ProcStat out;
+  const auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return out;
+  out.comm = stat.substr(open + 1, close - open - 1);
   std::istringstream rest(stat.substr(close + 1));
-  char state;
-  pid_t ppid = -1;
-  rest >> state >> ppid;
-  return ppid;
+  rest >> out.state >> out.ppid;
+  return out;
 }
 
 }  // namespace
@@ -39,7 +45,7 @@ std::vector<pid_t> descendants(pid_t root) {
     char* end = nullptr;
     long pid = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || pid <= 0) continue;
-    pid_t ppid = parent_of(entry->d_name);
+    pid_t ppid = read_stat(entry->d_name).ppid;
     if (ppid > 0) children.emplace(ppid, static_cast<pid_t>(pid));
   }
   std::vector<pid_t> out;
@@ -65,12 +71,8 @@ std::vector<pid_t> zombie_children_named(const char* comm) {
     std::ifstream children(std::string("/proc/self/task/") + task->d_name + "/children");
     pid_t pid;
     while (children >> pid) {
-      std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-      std::string stat;
-      std::getline(in, stat);
-      const auto open = stat.find('('), close = stat.rfind(')');
-      if (open == std::string::npos || close == std::string::npos || close + 2 >= stat.size()) continue;
-      if (stat.compare(open + 1, close - open - 1, comm) == 0 && stat[close + 2] == 'Z') out.push_back(pid);
+      const ProcStat st = read_stat(std::to_string(pid));
+      if (st.state == 'Z' && st.comm == comm) out.push_back(pid);
     }
   }
   return out;

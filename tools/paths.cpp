@@ -145,14 +145,14 @@ Outcome<bool> write_bytes(const fs::path& workspace, const fs::path& path, const
     out.error = path.string() + " is not a file path inside the workspace " + root_path.string();
     return out;
   }
-  const int root_fd = open(root_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root_fd < 0) {
+  // dir_closer holds the directory reached so far, starting at the workspace root.
+  FdCloser dir_closer{open(root_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir_closer.fd < 0) {
     out.error = "workspace " + root_path.string() + ": " + std::strerror(errno);
     return out;
   }
-  FdCloser root_closer{root_fd};
   struct stat root_st {};
-  if (fstat(root_fd, &root_st) != 0) {
+  if (fstat(dir_closer.fd, &root_st) != 0) {
     out.error = "workspace " + root_path.string() + ": " + std::strerror(errno);
     return out;
   }
@@ -161,12 +161,6 @@ Outcome<bool> write_bytes(const fs::path& workspace, const fs::path& path, const
   // the sandbox own the tree and may have replaced any directory with a link to elsewhere, and
   // kiln (root, often) must not write there. Missing directories are created as they are met,
   // owned like the workspace root.
-  int dir_fd = dup(root_fd);
-  if (dir_fd < 0) {
-    out.error = std::string("dup: ") + std::strerror(errno);
-    return out;
-  }
-  FdCloser dir_closer{dir_fd};
   fs::path walked = root_path;
   for (const fs::path& part : relative.parent_path()) {
     if (part == ".") continue;
