@@ -1,6 +1,11 @@
 #include "engine/capacity.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <fstream>
 #include <sstream>
 
 namespace kiln::engine {
@@ -41,30 +46,60 @@ std::string CapacityPlan::to_text() const {
   return os.str();
 }
 
+int64_t kv_budget_for(const ModelConfig& c, int max_sessions, CacheDtype dtype, int64_t tokens_per_session,
+                      int64_t page_tokens) {
+  const CapacityPlan unit = plan_capacity(c, 0, 1, dtype, page_tokens);
+  const int64_t pages = (std::max<int64_t>(tokens_per_session, 0) + page_tokens - 1) / page_tokens;
+  const int64_t kv = unit.kv_bytes_per_token > 0 ? pages * unit.page_bytes : 0;  // no full-attention layer: none
+  return int64_t(std::max(max_sessions, 1)) * (unit.state_bytes_per_session + kv);
+}
+
+namespace {
+
+// The first line of `path` as a byte count; 0 when absent, "max", or not a number.
+int64_t read_limit_file(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return 0;
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(line.data(), line.data() + line.size(), v);
+  return ec == std::errc() && v > 0 ? v : 0;
+}
+
+}  // namespace
+
+int64_t usable_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  int64_t usable = pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+  // A cgroup v1 "no limit" is a huge number (PAGE_COUNTER_MAX pages): min() ignores it.
+  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const int64_t v = read_limit_file(limit);
+    if (v > 0 && (usable == 0 || v < usable)) usable = v;
+  }
+  return usable;
+}
+
 int64_t parse_bytes(const std::string& text) {
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == 0) return -1;
-  double v;
-  try {
-    v = std::stod(text.substr(0, i));
-  } catch (...) {
-    return -1;
-  }
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + i, v);
+  if (ec != std::errc() || ptr != text.data() + i) return -1;
   std::string unit = text.substr(i);
   for (auto& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "kib" || unit == "k") mult = 1024.0;
-  else if (unit == "mib" || unit == "m") mult = 1024.0 * 1024;
-  else if (unit == "gib" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "tib" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "tb") mult = 1e12;
-  else return -1;
-  return int64_t(v * mult);
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},       {"b", 1},         {"kib", 0x1p10}, {"k", 0x1p10}, {"mib", 0x1p20}, {"m", 0x1p20},
+      {"gib", 0x1p30}, {"g", 0x1p30},  {"tib", 0x1p40}, {"t", 0x1p40}, {"kb", 1e3},     {"mb", 1e6},
+      {"gb", 1e9},   {"tb", 1e12}};
+  for (const auto& [name, factor] : units) {
+    if (unit != name) continue;
+    const double bytes = v * factor;
+    // !(bytes >= 1) also refuses NaN; 2^63 and more do not fit in the result.
+    if (!(bytes >= 1) || !(bytes < 0x1p63)) return -1;
+    return int64_t(bytes);
+  }
+  return -1;
 }
 
 }  // namespace kiln::engine

@@ -30,7 +30,19 @@ struct CapacityPlan {
 CapacityPlan plan_capacity(const ModelConfig& config, int64_t budget_bytes, int max_sessions, CacheDtype dtype,
                            int64_t page_tokens = 16);
 
-// Parses "36GiB", "512MiB", "2GB", "1000" (bytes). Returns -1 on a malformed value.
+// The KV budget a model gets by default ("kv_budget": "auto"): room for every one of max_sessions
+// sessions to hold tokens_per_session tokens of KV (whole pages) plus its fixed GDN state.
+int64_t kv_budget_for(const ModelConfig& config, int max_sessions, CacheDtype dtype, int64_t tokens_per_session,
+                      int64_t page_tokens = 16);
+
+// Memory this process may use: physical memory, or less where a cgroup (v2 memory.max, v1
+// memory.limit_in_bytes) limits it. 0 when unknown.
+int64_t usable_memory_bytes();
+
+// The one parser of byte sizes users write (`--budget`, kv_budget, memory_budget, ...): a
+// positive number with an optional unit, case-insensitive: B, KB/MB/GB/TB (powers of 1000),
+// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024): "36GiB", "512MiB", "1.5g", "2GB", "1000".
+// Returns -1 for anything else: empty, zero, negative, NaN, an unknown unit, or 2^63 bytes or more.
 int64_t parse_bytes(const std::string& text);
 
 }  // namespace kiln::engine

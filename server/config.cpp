@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache/kv_pool.h"
+#include "engine/capacity.h"
 #include "engine/cpu/quant.h"
 #include "store/store.h"
 
@@ -55,27 +56,10 @@ bool is_loopback_host(const std::string& host) {
 }
 
 bool parse_byte_size(const std::string& text, uint64_t& bytes) {
-  static const std::pair<const char*, uint64_t> units[] = {
-      {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
-      {"TB", 1000000000000ull}, {"GB", 1000000000ull}, {"MB", 1000000ull}, {"KB", 1000ull}, {"B", 1}};
-  uint64_t scale = 1;
-  std::string number = text;
-  for (auto& [suffix, factor] : units) {
-    std::string s = suffix;
-    if (number.size() > s.size() && number.compare(number.size() - s.size(), s.size(), s) == 0) {
-      number.resize(number.size() - s.size());
-      scale = factor;
-      break;
-    }
-  }
-  double value = 0;
-  auto [ptr, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
-  // !(value > 0) also refuses NaN ("nan" parses); sizes of 2^64 bytes and more do not fit.
-  if (number.empty() || ec != std::errc() || ptr != number.data() + number.size() || !(value > 0) ||
-      !(value * static_cast<double>(scale) < 18446744073709551616.0))
-    return false;
-  bytes = static_cast<uint64_t>(value * static_cast<double>(scale));
-  return bytes > 0;
+  const int64_t parsed = engine::parse_bytes(text);  // the one parser: the same spellings everywhere
+  if (parsed <= 0) return false;
+  bytes = static_cast<uint64_t>(parsed);
+  return true;
 }
 
 namespace {
@@ -207,7 +191,11 @@ std::optional<std::string> parse_model(const json& j, const std::string& path, M
   }
   if (m.path.empty() && m.scripted_test_turns.empty()) return r.field("path") + ": required, a model directory";
   KILN_TRY(r.integer("threads", m.threads, 0));
-  KILN_TRY(r.bytes("kv_budget", m.kv_budget_bytes));
+  if (r.has("kv_budget") && r.at("kv_budget") == "auto") {
+    m.kv_budget_bytes = 0;
+  } else if (auto err = r.bytes("kv_budget", m.kv_budget_bytes)) {
+    return *err + " or \"auto\"";
+  }
   KILN_TRY(r.integer("max_sessions", m.max_sessions, 1));
   KILN_TRY(r.string("weights", m.weights));
   if (!engine::cpu::parse_weight_choice(m.weights))

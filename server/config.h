@@ -40,7 +40,10 @@ struct ModelConfig {
   std::string name;          // what builds ask for ("model": "...")
   std::string path;          // a Hugging Face model directory (config.json + safetensors)
   int threads = 0;           // CPU threads for this model; 0 = all cores
-  uint64_t kv_budget_bytes = 1ull << 30;  // memory for the KV cache of all its sessions
+  // Memory for the KV cache and fixed state of all its sessions. 0 = "auto" (the default): room
+  // for each of max_sessions builds to reach kAutoKvTokensPerSession tokens (or the model's
+  // context if shorter), within half the memory the weights leave (resolve_kv_budgets).
+  uint64_t kv_budget_bytes = 0;
   int max_sessions = 4;      // concurrent builds on this model
   // Weight storage on CPU: "q8" (default: ~2x less memory and faster decode than bf16), "q4",
   // "bf16", or "stored" (the checkpoint's dtype, exact). Converted once and cached next to the model.

@@ -1,9 +1,13 @@
 #include "server/model_host.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <ostream>
 
 #include "agent/engine_provider.h"
+#include "engine/capacity.h"
 #include "engine/cpu/quant.h"
 #include "engine/engine.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -33,6 +37,43 @@ static uint64_t weight_bytes_estimate(uint64_t checkpoint_bytes, const std::stri
 
 uint64_t model_memory_estimate(const ModelConfig& m) {
   return weight_bytes_estimate(checkpoint_bytes(m.path), m.weights) + m.kv_budget_bytes;
+}
+
+void resolve_kv_budgets(ServerConfig& config, int64_t usable_memory, std::ostream& log) {
+  constexpr int64_t kFallback = int64_t(1) << 30;  // a model whose config cannot be read fails to load anyway
+  for (ModelConfig& m : config.models) {
+    if (!m.scripted_test_turns.empty()) continue;
+    auto mc = engine::load_model_config((fs::path(m.path) / "config.json").string());
+    const auto dtype = engine::parse_cache_dtype(m.cache_dtype).value_or(engine::CacheDtype::f32);
+    if (m.kv_budget_bytes == 0) {
+      int64_t budget = kFallback;
+      if (mc) {
+        const int64_t tokens = std::min<int64_t>(mc->max_position_embeddings, kAutoKvTokensPerSession);
+        budget = engine::kv_budget_for(*mc, m.max_sessions, dtype, tokens);
+        const auto weights = int64_t(weight_bytes_estimate(checkpoint_bytes(m.path), m.weights));
+        int64_t cap = std::numeric_limits<int64_t>::max();
+        if (usable_memory > 0) cap = std::max<int64_t>(usable_memory - weights, 0) / 2;
+        if (config.memory_budget_bytes > 0)
+          cap = std::min(cap, std::max<int64_t>(int64_t(std::min<uint64_t>(config.memory_budget_bytes, INT64_MAX)) - weights, 0));
+        // Below this not even a short build fits; such a model is not meant for this machine.
+        cap = std::max(cap, engine::kv_budget_for(*mc, m.max_sessions, dtype, 4096));
+        budget = std::min(budget, cap);
+      }
+      m.kv_budget_bytes = uint64_t(budget);
+    }
+    if (!mc) continue;
+    const engine::CapacityPlan plan = engine::plan_capacity(*mc, int64_t(m.kv_budget_bytes), m.max_sessions, dtype);
+    const int64_t per_session = mc->n_full_layers() > 0 ? plan.kv_tokens / std::max(1, m.max_sessions)
+                                                        : mc->max_position_embeddings;
+    log << "level=info msg=\"kv budget\" model=" << m.name << " kv_budget_bytes=" << m.kv_budget_bytes
+        << " max_sessions=" << m.max_sessions << " cache_dtype=" << engine::cache_dtype_name(dtype)
+        << " tokens_per_session=" << per_session << std::endl;
+    if (per_session < std::min<int64_t>(kAgentContextTokens, mc->max_position_embeddings))
+      log << "level=warn msg=\"KV budget is small for agent builds: raise kv_budget, lower max_sessions or use "
+             "cache_dtype bf16\" model="
+          << m.name << " kv_tokens=" << plan.kv_tokens << " max_sessions=" << m.max_sessions
+          << " tokens_per_session=" << per_session << std::endl;
+  }
 }
 
 // One loaded engine model and what opens chat models on it.
@@ -193,6 +234,9 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
         chat.sampling.top_p = static_cast<float>(s.config.sampling.top_p);
         chat.sampling.top_k = s.config.sampling.top_k;
         chat.sampling.seed = s.config.sampling.seed;
+        // A session can never hold more than the whole KV pool: compact before reaching it
+        // rather than fail the turn with "context memory exhausted".
+        if (loaded->model->config().n_full_layers() > 0) chat.context_limit = loaded->model->plan().kv_tokens;
         loaded->provider =
             agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}}, store_);
       }

@@ -44,6 +44,19 @@ uint64_t checkpoint_bytes(const std::string& model_dir);
 // What a model is expected to hold once loaded: its weights in the configured format plus its KV budget.
 uint64_t model_memory_estimate(const ModelConfig& model);
 
+// Agent builds run to tens of thousands of tokens: "auto" gives each of a model's max_sessions
+// builds room for kAutoKvTokensPerSession (or the model's whole context if shorter), and a budget
+// leaving a build under kAgentContextTokens is warned about (idle builds would keep losing their
+// cache to others and re-prefilling).
+constexpr int64_t kAutoKvTokensPerSession = 65536;
+constexpr int64_t kAgentContextTokens = 32768;
+
+// Replaces every "auto" kv_budget (0) of an engine model in `config` with bytes: room for
+// kAutoKvTokensPerSession tokens per session, but at most half of what `usable_memory` (0 =
+// unknown: no cap) and the memory_budget leave after the model's weights. Logs each size, and
+// warns where a model's budget leaves a session under kAgentContextTokens.
+void resolve_kv_budgets(ServerConfig& config, int64_t usable_memory, std::ostream& log);
+
 class ModelHost {
  public:
   using Clock = std::chrono::steady_clock;

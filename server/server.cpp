@@ -6,11 +6,13 @@
 #include <ostream>
 #include <thread>
 
+#include "engine/capacity.h"
 #include "server/auth.h"
 #include "server/dispatcher.h"
 #include "server/event_hub.h"
 #include "server/http_metrics.h"
 #include "server/http_session.h"
+#include "server/model_host.h"
 #include "server/models.h"
 #include "server/store_feed.h"
 #include "store/store.h"
@@ -71,6 +73,7 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
     return nullptr;
   }
   auto impl = std::make_unique<Impl>(config, log);
+  resolve_kv_budgets(impl->config, engine::usable_memory_bytes(), log);  // "auto" budgets become bytes
   store::StoreOptions store_options;
   store_options.path = config.db_path;
   store_options.recover_on_open = false;  // recover_once() below, which logs what it did

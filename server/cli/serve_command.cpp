@@ -8,9 +8,6 @@
 #include <memory>
 #include <ostream>
 
-#include "engine/cache/kv_pool.h"
-#include "engine/capacity.h"
-#include "engine/config.h"
 #include "server/cli/commands.h"
 #include "server/config.h"
 #include "server/demo_model.h"
@@ -20,7 +17,6 @@ namespace kiln::cli {
 
 namespace {
 
-constexpr int64_t kAgentContextTokens = 32768;  // below this per session, `kiln serve` warns
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:8080";
@@ -80,21 +76,6 @@ void add_serve_command(CLI::App& app, Context& ctx) {
               << m.name << "')\n";
       ctx.exit_code = 2;
       return;
-    }
-    // Agent builds run to tens of thousands of tokens; a KV budget far below that per session
-    // means idle builds keep losing their cache to others (and re-prefilling), so say it at start.
-    for (const server::ModelConfig& m : config.models) {
-      if (!m.scripted_test_turns.empty()) continue;
-      auto model_config = engine::load_model_config((std::filesystem::path(m.path) / "config.json").string());
-      if (!model_config || model_config->n_full_layers() == 0) continue;
-      const auto dtype = engine::parse_cache_dtype(m.cache_dtype).value_or(engine::CacheDtype::f32);
-      const engine::CapacityPlan plan =
-          engine::plan_capacity(*model_config, int64_t(m.kv_budget_bytes), m.max_sessions, dtype);
-      const int64_t per_session = plan.kv_tokens / std::max(1, m.max_sessions);
-      if (per_session < kAgentContextTokens)
-        ctx.err << "level=warn msg=\"KV budget is small for agent builds: raise kv_budget or use cache_dtype bf16\" "
-                << "model=" << m.name << " kv_tokens=" << plan.kv_tokens << " max_sessions=" << m.max_sessions
-                << " tokens_per_session=" << per_session << std::endl;
     }
     if (config.models.empty()) {
       if (auto err = server::add_demo_model(config, ctx.err)) {

@@ -104,7 +104,8 @@ TEST(Cli, ServeWarnsWhenTheKvBudgetIsSmallForAgentBuilds) {
   std::filesystem::copy_file(std::filesystem::path(KILN_SOURCE_DIR) / "examples/models/qwen3.6-35b-a3b.config.json",
                              dir.path() / "model" / "config.json");
   const auto config = dir.path() / "kiln.json";
-  std::ofstream(config) << R"({"models": [{"name": "big", "path": ")" << (dir.path() / "model").string() << R"("}]})";
+  std::ofstream(config) << R"({"models": [{"name": "big", "kv_budget": "1GiB", "path": ")" << (dir.path() / "model").string()
+                         << R"("}]})";
   CliResult r = run_cli({"serve", "--config", config.string(), "--db", dir.path().string()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("KV budget is small for agent builds"), std::string::npos) << r.err;

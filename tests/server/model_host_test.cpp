@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 
+#include "engine/capacity.h"
 #include "engine/make_tiny.h"
 #include "server/models.h"
 #include "test_server.h"
@@ -137,6 +139,96 @@ TEST(ModelHost, AModelThatFailsToLoadGivesAnErrorAndShowsIt) {
   EXPECT_FALSE(entry["loaded"].get<bool>());
   EXPECT_NE(entry["residency"]["load_error"].get<std::string>().find("failed to load"), std::string::npos);
   EXPECT_FALSE(host.open("nope", 2).ok());
+}
+
+
+// kv_budget "auto" against the real 35B-A3B's layout (config only: no weights, so the weights
+// leave all of usable memory).
+struct BigModelConfig {
+  testing::TempDir dir;
+  ServerConfig config;
+  engine::ModelConfig layout;
+  BigModelConfig() {
+    std::filesystem::create_directories(dir.path() / "big");
+    std::filesystem::copy_file(std::filesystem::path(KILN_SOURCE_DIR) / "examples/models/qwen3.6-35b-a3b.config.json",
+                               dir.path() / "big" / "config.json");
+    ModelConfig m;
+    m.name = "big";
+    m.path = (dir.path() / "big").string();
+    m.max_sessions = 4;
+    config.models.push_back(m);
+    layout = engine::load_model_config(m.path + "/config.json").value();
+  }
+  int64_t tokens_per_session() const {
+    const ModelConfig& m = config.models[0];
+    return engine::plan_capacity(layout, int64_t(m.kv_budget_bytes), m.max_sessions, engine::CacheDtype::f32).kv_tokens /
+           m.max_sessions;
+  }
+};
+
+TEST(KvBudget, AutoGivesEverySessionRoomForAnAgentBuildWhenMemoryAllows) {
+  BigModelConfig t;
+  EXPECT_EQ(t.config.models[0].kv_budget_bytes, 0u);  // the default is "auto"
+  std::ostringstream log;
+  resolve_kv_budgets(t.config, int64_t(64) << 30, log);
+  EXPECT_EQ(int64_t(t.config.models[0].kv_budget_bytes),
+            engine::kv_budget_for(t.layout, 4, engine::CacheDtype::f32, kAutoKvTokensPerSession));
+  EXPECT_EQ(t.tokens_per_session(), kAutoKvTokensPerSession);
+  EXPECT_NE(log.str().find("tokens_per_session=65536"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("level=warn"), std::string::npos) << log.str();
+}
+
+TEST(KvBudget, AutoTakesAtMostHalfOfTheMemoryTheWeightsLeaveAndSaysWhatThatCosts) {
+  BigModelConfig t;
+  std::ostringstream log;
+  resolve_kv_budgets(t.config, int64_t(8) << 30, log);
+  EXPECT_EQ(t.config.models[0].kv_budget_bytes, 4ull << 30);
+  EXPECT_LT(t.tokens_per_session(), kAgentContextTokens);
+  EXPECT_NE(log.str().find("KV budget is small for agent builds"), std::string::npos) << log.str();
+
+  BigModelConfig capped;  // and within memory_budget
+  capped.config.memory_budget_bytes = 3ull << 30;
+  resolve_kv_budgets(capped.config, int64_t(64) << 30, log);
+  EXPECT_EQ(capped.config.models[0].kv_budget_bytes, 3ull << 30);
+}
+
+TEST(KvBudget, AnExplicitBudgetIsKeptAndWarnedAboutWhenSmall) {
+  BigModelConfig t;
+  t.config.models[0].kv_budget_bytes = 1ull << 30;
+  std::ostringstream log;
+  resolve_kv_budgets(t.config, int64_t(64) << 30, log);
+  EXPECT_EQ(t.config.models[0].kv_budget_bytes, 1ull << 30);
+  EXPECT_NE(log.str().find("KV budget is small for agent builds"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("model=big"), std::string::npos) << log.str();
+}
+
+TEST(KvBudget, ConfigSaysAutoOrASize) {
+  ServerConfig c;
+  ASSERT_FALSE(parse_config_json(R"({"models": [{"name": "m", "path": "/x", "kv_budget": "2GiB"}]})", c));
+  EXPECT_EQ(c.models[0].kv_budget_bytes, 2ull << 30);
+  ServerConfig a;
+  ASSERT_FALSE(parse_config_json(R"({"models": [{"name": "m", "path": "/x", "kv_budget": "auto"}]})", a));
+  EXPECT_EQ(a.models[0].kv_budget_bytes, 0u);
+  ServerConfig bad;
+  auto err = parse_config_json(R"({"models": [{"name": "m", "path": "/x", "kv_budget": "lots"}]})", bad);
+  ASSERT_TRUE(err);
+  EXPECT_NE(err->find("models[0].kv_budget"), std::string::npos) << *err;
+  EXPECT_NE(err->find("\"auto\""), std::string::npos) << *err;
+}
+
+// The server and the engine CLI read sizes with one parser: the same spellings, the same refusals.
+TEST(KvBudget, ByteSizesParseTheSameEverywhere) {
+  for (const char* ok : {"36GiB", "512MiB", "2GB", "1000", "1.5g", "64k", "7B"}) {
+    uint64_t bytes = 0;
+    EXPECT_TRUE(parse_byte_size(ok, bytes)) << ok;
+    EXPECT_EQ(int64_t(bytes), engine::parse_bytes(ok)) << ok;
+  }
+  EXPECT_EQ(engine::parse_bytes("1.5GiB"), int64_t(3) << 29);
+  for (const char* bad : {"", "0", "0.1", "-5", "nan", "inf", "lots", "3 parsecs", "1.2.3GiB", "9999999999TiB", "GiB"}) {
+    uint64_t bytes = 0;
+    EXPECT_FALSE(parse_byte_size(bad, bytes)) << bad;
+    EXPECT_EQ(engine::parse_bytes(bad), -1) << bad;
+  }
 }
 
 }  // namespace
