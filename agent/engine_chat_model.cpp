@@ -71,8 +71,8 @@ EngineChatModel::EngineChatModel(engine::Model& model, const engine::Tokenizer& 
   if (!tokenizer.chat_template().empty()) flavor_ = engine::detect_flavor(tokenizer.chat_template());
 }
 
-Result<std::string> EngineChatModel::render(const std::vector<Message>& messages, const std::vector<ToolSchema>& tools,
-                                            bool generation_prompt) const {
+Result<engine::RenderResult> EngineChatModel::render(const std::vector<Message>& messages,
+                                                     const std::vector<ToolSchema>& tools, bool generation_prompt) const {
   engine::Conversation conv;
   for (const auto& m : messages) conv.messages.push_back(to_engine(m));
   conv.tools = tool_objects(tools);
@@ -80,39 +80,54 @@ Result<std::string> EngineChatModel::render(const std::vector<Message>& messages
   options.add_generation_prompt = generation_prompt;
   auto r = engine::render_chat(conv, options);
   if (!r.ok()) return Error{"chat template: " + r.error};
-  return r.text;
+  return r;
+}
+
+void EngineChatModel::encode_slice(const engine::RenderResult& r, size_t from, size_t to,
+                                   std::vector<engine::TokenId>& out) const {
+  const auto spans = engine::spans_from(r.literal_spans, from, to);
+  tokenizer_.encode_append(std::string_view(r.text).substr(from, to - from), out, spans);
 }
 
 // The tokens to append: after the last held assistant turn, or after "base" (first turn,
 // compaction). Text boundaries sit right after an <|im_end|> so BPE never merges across them.
+// Where the new render does not extend what the session holds (the Qwen3.5 template drops the
+// reasoning of turns before a new user message), the session is rewound to base and everything
+// after it prefilled again.
 Result<EngineChatModel::Pending> EngineChatModel::pending(const std::vector<Message>& conversation,
                                                           const std::vector<ToolSchema>& tools) {
   if (conversation.size() < 2) return Error{"the conversation needs a system prompt and a task"};
   auto full = render(conversation, tools, true);
   if (!full) return Error{full.error()};
+  const std::string& text = full->text;
   Pending p;
-  if (base_ && !held_.empty() && is_prefix(held_, conversation)) {
+  // A turn that ended in <|endoftext|> keeps it, followed by <|im_end|>: slightly off the
+  // template's text, but rebuilding from the task instead would prefill the whole conversation.
+  if (base_ && !held_.empty() && !session_->tokens().empty() && is_prefix(held_, conversation)) {
     auto prefix = render(held_, tools, false);
     if (!prefix) return Error{prefix.error()};
-    if (full->compare(0, prefix->size(), *prefix) != 0 || prefix->empty() || prefix->back() != '\n')
-      return Error{"chat template: the conversation does not extend what the session holds (not append-only)"};
-    if (session_->tokens().empty() || session_->tokens().back() != im_end_) p.tokens.push_back(im_end_);
-    tokenizer_.encode_append(std::string_view(*full).substr(prefix->size() - 1), p.tokens);
-    return p;
+    const std::string& held_text = prefix->text;
+    if (text.compare(0, held_text.size(), held_text) == 0 && !held_text.empty() && held_text.back() == '\n') {
+      if (session_->tokens().back() != im_end_) p.tokens.push_back(im_end_);
+      encode_slice(*full, held_text.size() - 1, text.size(), p.tokens);
+      return p;
+    }
   }
   std::vector<Message> head(conversation.begin(), conversation.begin() + 2);
-  auto head_text = render(head, tools, false);
-  if (!head_text) return Error{head_text.error()};
-  std::string base_text = head_text->substr(0, head_text->size() - 1);  // up to <|im_end|>
-  if (full->compare(0, base_text.size(), base_text) != 0)
+  auto head_render = render(head, tools, false);
+  if (!head_render) return Error{head_render.error()};
+  const size_t base_size = head_render->text.size() - 1;  // up to <|im_end|>
+  std::string base_text = head_render->text.substr(0, base_size);
+  if (text.compare(0, base_text.size(), base_text) != 0)
     return Error{"chat template: the render of the system prompt and task is not a prefix of the conversation"};
   if (base_) {
     if (base_text != base_text_) return Error{"the system prompt or task changed: the session cannot be reused"};
     p.rewind = true;
   } else {
-    tokenizer_.encode_append(base_text, p.tokens);  // first turn: base is created from these
+    encode_slice(*head_render, 0, base_size, p.tokens);  // first turn: base is created from these
+    p.base_tokens = p.tokens.size();
   }
-  tokenizer_.encode_append(std::string_view(*full).substr(base_text.size()), p.tokens);
+  encode_slice(*full, base_size, text.size(), p.tokens);
   if (!base_) base_text_ = base_text;
   return p;
 }
@@ -159,11 +174,10 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   out.usage.reused_tokens = session_->size();
   out.usage.prefilled_tokens = static_cast<int64_t>(p->tokens.size());
   if (first) {
-    auto base_tokens = tokenizer_.encode(base_text_);
-    auto a = session_->append(base_tokens, false, &cancel);
+    auto a = session_->append(std::span(p->tokens).first(p->base_tokens), false, &cancel);
     if (!a) return prefill_failed(a.error());
     base_ = session_->checkpoint();
-    auto b = session_->append(std::span(p->tokens).subspan(base_tokens.size()), false, &cancel);
+    auto b = session_->append(std::span(p->tokens).subspan(p->base_tokens), false, &cancel);
     if (!b) return prefill_failed(b.error());
   } else if (auto a = session_->append(p->tokens, false, &cancel); !a) {
     return prefill_failed(a.error());

@@ -58,10 +58,13 @@ class EngineChatModel final : public ChatModel {
   struct Pending {
     bool rewind = false;               // rewind to base first (compaction, or the first turn)
     std::vector<engine::TokenId> tokens;
+    size_t base_tokens = 0;            // first turn: tokens[0, base_tokens) are the base
   };
   Result<Pending> pending(const std::vector<Message>& conversation, const std::vector<ToolSchema>& tools);
-  Result<std::string> render(const std::vector<Message>& messages, const std::vector<ToolSchema>& tools,
-                             bool generation_prompt) const;
+  Result<engine::RenderResult> render(const std::vector<Message>& messages, const std::vector<ToolSchema>& tools,
+                                      bool generation_prompt) const;
+  // Tokens of bytes [from, to) of a render: the messages' own text is never an added token.
+  void encode_slice(const engine::RenderResult& r, size_t from, size_t to, std::vector<engine::TokenId>& out) const;
 
   engine::Model& model_;
   const engine::Tokenizer& tokenizer_;

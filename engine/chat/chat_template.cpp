@@ -3,6 +3,8 @@
 
 #include "engine/chat/python_text.h"
 
+#include <algorithm>
+
 namespace kiln::engine {
 
 namespace {
@@ -43,8 +45,16 @@ std::string argument_text(const Json& value, TemplateFlavor flavor) {
   return python::str(value);
 }
 
+// Appends text that came from a message or tool, recording where it lies.
+void literal(std::string& out, std::vector<TextSpan>& spans, std::string_view text) {
+  if (text.empty()) return;
+  if (!spans.empty() && spans.back().end == out.size()) spans.back().end += text.size();
+  else spans.push_back({out.size(), out.size() + text.size()});
+  out += text;
+}
+
 void render_assistant(const ChatMessage& m, bool keep_reasoning, TemplateFlavor flavor,
-                      std::string& out) {
+                      std::string& out, std::vector<TextSpan>& spans) {
   std::string_view content = python::strip(m.content);
   std::string reasoning;
   if (m.reasoning_content) {
@@ -62,19 +72,23 @@ void render_assistant(const ChatMessage& m, bool keep_reasoning, TemplateFlavor 
   out += "<|im_start|>assistant\n";
   if (keep_reasoning) {
     out += "<think>\n";
-    out += reasoning_trimmed;
+    literal(out, spans, reasoning_trimmed);
     out += "\n</think>\n\n";
   }
-  out += content;
+  literal(out, spans, content);
   for (std::size_t i = 0; i < m.tool_calls.size(); ++i) {
     const ToolCall& call = m.tool_calls[i];
     if (i == 0) out += python::strip(content).empty() ? "" : "\n\n";
     else out += "\n";
-    out += "<tool_call>\n<function=" + call.name + ">\n";
+    out += "<tool_call>\n<function=";
+    literal(out, spans, call.name);
+    out += ">\n";
     if (call.arguments.is_object()) {
       for (auto it = call.arguments.begin(); it != call.arguments.end(); ++it) {
-        out += "<parameter=" + it.key() + ">\n";
-        out += argument_text(it.value(), flavor);
+        out += "<parameter=";
+        literal(out, spans, it.key());
+        out += ">\n";
+        literal(out, spans, argument_text(it.value(), flavor));
         out += "\n</parameter>\n";
       }
     }
@@ -118,25 +132,28 @@ RenderResult render_chat(const Conversation& conv, const RenderOptions& options)
     return r;
   }
   std::string& out = r.text;
+  std::vector<TextSpan>& spans = r.literal_spans;
   const bool first_is_system = msgs[0].role == Role::system;
   if (!conv.tools.empty()) {
     out += kToolsPreamble;
     for (const Json& tool : conv.tools) {
       out += '\n';
-      python::dumps_to(tool, out);
+      std::string schema;
+      python::dumps_to(tool, schema);
+      literal(out, spans, schema);
     }
     out += kToolsInstructions;
     if (first_is_system) {
       const std::string_view c = python::strip(msgs[0].content);
       if (!c.empty()) {
         out += "\n\n";
-        out += c;
+        literal(out, spans, c);
       }
     }
     out += "<|im_end|>\n";
   } else if (first_is_system) {
     out += "<|im_start|>system\n";
-    out += python::strip(msgs[0].content);
+    literal(out, spans, python::strip(msgs[0].content));
     out += "<|im_end|>\n";
   }
 
@@ -169,16 +186,16 @@ RenderResult render_chat(const Conversation& conv, const RenderOptions& options)
         break;
       case Role::user:
         out += "<|im_start|>user\n";
-        out += python::strip(m.content);
+        literal(out, spans, python::strip(m.content));
         out += "<|im_end|>\n";
         break;
       case Role::assistant:
-        render_assistant(m, preserve || i > last_query, options.flavor, out);
+        render_assistant(m, preserve || i > last_query, options.flavor, out, spans);
         break;
       case Role::tool:
         if (i > 0 && msgs[i - 1].role != Role::tool) out += "<|im_start|>user";
         out += "\n<tool_response>\n";
-        out += python::strip(m.content);
+        literal(out, spans, python::strip(m.content));
         out += "\n</tool_response>";
         if (i + 1 == msgs.size() || msgs[i + 1].role != Role::tool) out += "<|im_end|>\n";
         break;
@@ -189,6 +206,15 @@ RenderResult render_chat(const Conversation& conv, const RenderOptions& options)
     out += options.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
   }
   return r;
+}
+
+std::vector<TextSpan> spans_from(std::span<const TextSpan> spans, std::size_t from, std::size_t to) {
+  std::vector<TextSpan> out;
+  for (const TextSpan& s : spans) {
+    const std::size_t b = std::max(s.begin, from), e = std::min(s.end, to);
+    if (b < e) out.push_back({b - from, e - from});
+  }
+  return out;
 }
 
 IncrementalRender render_incremental(std::string_view session_text, const Conversation& conv,
@@ -214,6 +240,7 @@ IncrementalRender render_incremental(std::string_view session_text, const Conver
     return r;
   }
   r.text = std::string(f.substr(session_text.size()));
+  r.literal_spans = spans_from(full.literal_spans, session_text.size(), f.size());
   return r;
 }
 
@@ -223,7 +250,7 @@ IncrementalRender render_incremental_tokens(const Tokenizer& tokenizer,
                                             const RenderOptions& options) {
   IncrementalRender r = render_incremental(session_text, conv, options);
   if (!r.ok() || r.text.empty() || session_text.empty()) {
-    if (r.ok()) r.tokens = tokenizer.encode(r.text);
+    if (r.ok()) tokenizer.encode_append(r.text, r.tokens, r.literal_spans);
     return r;
   }
   bool at_added_token = false;
@@ -236,7 +263,7 @@ IncrementalRender render_incremental_tokens(const Tokenizer& tokenizer,
     r.text.clear();
     return r;
   }
-  r.tokens = tokenizer.encode(r.text);
+  tokenizer.encode_append(r.text, r.tokens, r.literal_spans);
   return r;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,10 @@ RenderOptions append_only_options(TemplateFlavor flavor = TemplateFlavor::qwen3_
 
 struct RenderResult {
   std::string text;
+  // Where the text came from the messages and tools (content, reasoning, tool names, arguments and
+  // schemas) rather than from the template: tokenize with these as literal (Tokenizer::
+  // encode_append) so that "<|im_end|>" in a file or a command's output stays ordinary text.
+  std::vector<TextSpan> literal_spans;
   std::string error;  // set when the template would raise_exception(); names the message at fault
   bool ok() const { return error.empty(); }
 };
@@ -89,6 +94,7 @@ TemplateFlavor detect_flavor(std::string_view chat_template_text);
 // session_text (e.g. the template dropped old reasoning because preserve_thinking is off).
 struct IncrementalRender {
   std::string text;
+  std::vector<TextSpan> literal_spans;  // of `text` (see RenderResult)
   std::vector<TokenId> tokens;  // filled by render_incremental_tokens only
   std::string error;
   std::size_t diverged_at = 0;  // valid when error is set
@@ -105,6 +111,10 @@ IncrementalRender render_incremental_tokens(const Tokenizer& tokenizer,
                                             std::string_view session_text,
                                             const Conversation& conversation,
                                             const RenderOptions& options);
+
+// The spans that overlap [from, to), clipped and made relative to `from`: the literal spans of
+// a slice of a render.
+std::vector<TextSpan> spans_from(std::span<const TextSpan> spans, std::size_t from, std::size_t to);
 
 std::string_view role_name(Role role);
 

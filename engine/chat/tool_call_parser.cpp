@@ -48,18 +48,64 @@ void emit_trimmed(std::string_view text, bool& started, std::string& held, std::
   }
 }
 
-// Position of the first `close` in `s` at or after `from` that is not inside an open
-// <parameter=…> value (so code containing the tag inside a parameter does not end the call).
+// Where the JSON value starting at s[0] == '{' ends (one past its closing brace), skipping
+// braces inside strings; npos while it is still open.
+std::size_t json_object_end(std::string_view s) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// Position of the first `close` in `s` that is structural: not inside a <parameter=…> value (a
+// value ends only at a </parameter> followed, after whitespace, by <parameter= or </function>,
+// the rule parse_xml applies), nor inside the JSON object of the JSON call form. So a file whose
+// text contains "</parameter>" and "</tool_call>" does not cut the call short. npos while the
+// call may still be open.
 std::size_t find_structural_close(std::string_view s, std::string_view close) {
-  std::size_t from = 0;
+  constexpr std::string_view kParamOpen = "<parameter=", kParamClose = "</parameter>";
+  std::size_t i = 0;
+  while (i < s.size() && is_ws(s[i])) ++i;
+  if (i < s.size() && s[i] == '{') {  // {"name": …, "arguments": …}
+    const std::size_t e = json_object_end(s.substr(i));
+    return e == std::string_view::npos ? e : s.find(close, i + e);
+  }
+  std::size_t at = 0;
   while (true) {
-    const std::size_t p = s.find(close, from);
-    if (p == std::string_view::npos) return p;
-    const std::size_t open = s.rfind("<parameter=", p);
-    const std::size_t shut = s.rfind("</parameter>", p);
-    if (open == std::string_view::npos || (shut != std::string_view::npos && shut > open))
-      return p;
-    from = p + 1;
+    const std::size_t c = s.find(close, at), open = s.find(kParamOpen, at);
+    if (c == std::string_view::npos || c < open) return c;
+    // A parameter value starts after its tag; find where it really ends.
+    std::size_t from = open + kParamOpen.size();
+    std::size_t value_end = std::string_view::npos;
+    while (true) {
+      const std::size_t shut = s.find(kParamClose, from);
+      if (shut == std::string_view::npos) return std::string_view::npos;  // still open
+      std::size_t k = shut + kParamClose.size();
+      while (k < s.size() && is_ws(s[k])) ++k;
+      const std::string_view rest = s.substr(k);
+      if (rest.substr(0, kParamOpen.size()) == kParamOpen || rest.substr(0, kFunctionClose.size()) == kFunctionClose) {
+        value_end = k;
+        break;
+      }
+      // Not followed by anything yet: more input decides (at the end, finish() falls back).
+      if (kParamOpen.substr(0, rest.size()) == rest || kFunctionClose.substr(0, rest.size()) == rest)
+        return std::string_view::npos;
+      from = shut + 1;  // "</parameter>" inside the value
+    }
+    at = value_end;
   }
 }
 
@@ -192,6 +238,13 @@ void ToolCallParser::step(ParsedOutput& out, bool final) {
     // At the end, a close tag that looked like part of an open parameter value is the close
     // after all: parse the body so the error names the unclosed parameter.
     if (p == std::string::npos && final) p = buffer_.rfind(close);
+    // The output ended right after a complete </function> without </tool_call>: the call is
+    // whole (vLLM's qwen3_coder parser accepts it too).
+    if (p == std::string::npos && final && !bare_function_) {
+      std::size_t e = buffer_.size();
+      while (e > 0 && is_ws(buffer_[e - 1])) --e;
+      if (std::string_view(buffer_).substr(0, e).ends_with(kFunctionClose)) p = buffer_.size();
+    }
     if (p == std::string::npos) {
       if (!final) return;
       const std::size_t index = call_count_++;

@@ -335,14 +335,25 @@ void Tokenizer::Impl::encode_segment(std::string_view seg, std::vector<TokenId>&
 }
 
 void Tokenizer::encode_append(std::string_view text, std::vector<TokenId>& out) const {
+  encode_append(text, out, {});
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<TokenId>& out,
+                              std::span<const TextSpan> literal) const {
   const Impl& m = *impl_;
-  std::size_t seg_start = 0;
+  std::size_t seg_start = 0, next = 0;  // literal[next]: the first span not wholly before i
   for (std::size_t i = 0; i < text.size(); ++i) {
+    while (next < literal.size() && literal[next].end <= i) ++next;
+    if (next < literal.size() && literal[next].begin <= i) {  // inside a literal span
+      i = literal[next].end - 1;
+      continue;
+    }
+    const std::size_t room = next < literal.size() ? literal[next].begin - i : text.size() - i;
     const auto& cands = m.added_by_first[static_cast<unsigned char>(text[i])];
     if (cands.empty()) continue;
     for (std::size_t idx : cands) {
       const AddedToken& t = m.added[idx];
-      if (text.compare(i, t.content.size(), t.content) == 0) {
+      if (t.content.size() <= room && text.compare(i, t.content.size(), t.content) == 0) {
         if (i > seg_start) m.encode_segment(text.substr(seg_start, i - seg_start), out);
         out.push_back(t.id);
         i += t.content.size() - 1;

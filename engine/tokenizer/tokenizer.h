@@ -32,6 +32,11 @@ struct AddedToken {
 
 class Tokenizer;
 
+// A byte range [begin, end) of a text.
+struct TextSpan {
+  std::size_t begin = 0, end = 0;
+};
+
 // Result of loading: either a tokenizer or an error naming the file and field at fault.
 struct TokenizerLoad {
   std::unique_ptr<Tokenizer> tokenizer;
@@ -60,6 +65,10 @@ class Tokenizer {
   std::vector<TokenId> encode(std::string_view text) const;
   // Same, appending to `out`.
   void encode_append(std::string_view text, std::vector<TokenId>& out) const;
+  // Same, but no added token is matched that overlaps a `literal` span (sorted, disjoint, offsets
+  // into `text`): those bytes are ordinary text even where they spell "<|im_end|>". A chat
+  // prompt marks the messages' text so that a file or command output cannot end a turn.
+  void encode_append(std::string_view text, std::vector<TokenId>& out, std::span<const TextSpan> literal) const;
   // Text → ids with no added-token matching ("<|im_end|>" becomes ordinary text).
   std::vector<TokenId> encode_ordinary(std::string_view text) const;
 

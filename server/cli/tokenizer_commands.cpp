@@ -129,7 +129,11 @@ void run_render(Context& ctx, const RenderArgs& a) {
     ctx.exit_code = 1;
     return;
   }
-  if (a.tokens && tok) ctx.out << nlohmann::json(tok->encode(r.text)).dump() << "\n";
+  if (a.tokens && tok) {
+    std::vector<engine::TokenId> ids;  // the messages' text never becomes an added token
+    tok->encode_append(r.text, ids, r.literal_spans);
+    ctx.out << nlohmann::json(ids).dump() << "\n";
+  }
   else ctx.out << r.text;
 }
 

@@ -86,7 +86,7 @@ Workspace::Workspace(const std::string& example) {
 
 constexpr int64_t kVocab = 1024;
 
-TinyEngine::TinyEngine(int64_t max_positions) {
+TinyEngine::TinyEngine(int64_t max_positions, const std::string& chat_template) {
   engine::TinyModelOptions options;
   options.vocab = kVocab;
   options.max_position_embeddings = max_positions;
@@ -95,6 +95,16 @@ TinyEngine::TinyEngine(int64_t max_positions) {
   EXPECT_TRUE(made.ok()) << made.error();
   auto tok = engine::write_tiny_tokenizer(dir.path().string(), kVocab);
   EXPECT_TRUE(tok.ok()) << tok.error;
+  if (!chat_template.empty()) {
+    const auto config_path = dir.path() / "tokenizer_config.json";
+    std::ifstream config_in(config_path), template_in(chat_template);
+    EXPECT_TRUE(config_in.good() && template_in.good()) << chat_template;
+    Json config = Json::parse(config_in, nullptr, false);
+    std::stringstream text;
+    text << template_in.rdbuf();
+    config["chat_template"] = text.str();
+    std::ofstream(config_path) << config.dump();
+  }
   engine::EngineOptions engine_options;
   engine_options.threads = 2;
   engine_options.max_sessions = 2;

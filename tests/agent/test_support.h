@@ -72,7 +72,9 @@ struct TinyEngine {
   TempDir dir;
   std::unique_ptr<engine::Model> model;
   std::unique_ptr<engine::Tokenizer> tokenizer;
-  explicit TinyEngine(int64_t max_positions = 8192);
+  // chat_template: a Jinja file to put in tokenizer_config.json (picks the template flavour); ""
+  // keeps the tiny tokenizer's own.
+  explicit TinyEngine(int64_t max_positions = 8192, const std::string& chat_template = "");
 };
 
 // The fix for examples/repos/stats-py, as the tool calls a model would make.

@@ -178,7 +178,7 @@ std::vector<Malformed> malformed_cases() {
   using K = ParseErrorKind;
   const std::string ok_cmd = param("command", "ls");
   return {
-      {"unclosed_tool_call", "<tool_call>\n<function=shell>\n" + ok_cmd + "</function>\n", K::unclosed_tag, "</tool_call>"},
+      // (a whole <function> at the end without </tool_call> is a call: AWholeFunctionWithout…)
       {"unclosed_tool_call_mid_param", "<tool_call>\n<function=shell>\n<parameter=command>\nls", K::unclosed_tag, "</tool_call>"},
       {"unclosed_parameter", "<tool_call>\n<function=shell>\n<parameter=command>\nls\n</function>\n</tool_call>", K::unclosed_tag, "<parameter=command>"},
       {"missing_function_close", "<tool_call>\n<function=shell>\n" + ok_cmd + "</tool_call>", K::unclosed_tag, "</function>"},
@@ -263,6 +263,59 @@ TEST(ToolCallParser, RandomGarbageNeverThrowsAndKeepsAllText) {
     EXPECT_EQ(p.total().tool_calls.size(), whole.tool_calls.size()) << text;
     EXPECT_EQ(p.total().errors.size(), whole.errors.size()) << text;
   }
+}
+
+
+// Output fed whole and one byte at a time must parse the same.
+std::vector<ParsedOutput> whole_and_bytewise(const std::string& text) {
+  ParsedOutput bytewise;
+  {
+    ToolCallParser p(tools(), {true});
+    for (char c : text) p.feed(std::string_view(&c, 1));
+    p.finish();
+    bytewise = p.total();
+  }
+  return {parse_model_output(text, tools(), {true}), bytewise};
+}
+
+// A value may contain "</parameter>" and then "</tool_call>" (code that handles these tags): only
+// a </parameter> followed by <parameter= or </function> closes it, so the call is not cut short.
+TEST(ToolCallParser, CloseTagsInsideAValueDoNotEndTheCall) {
+  const std::string text =
+      "Plan.\n</think>\n\n<tool_call>\n<function=str_replace_editor>\n<parameter=command>\ncreate\n</parameter>\n"
+      "<parameter=path>\ntags.py\n</parameter>\n<parameter=new_str>\n"
+      "CLOSE_TAGS = [\"</parameter>\", \"</function>\", \"</tool_call>\"]\n</parameter>\n</function>\n</tool_call>";
+  for (const ParsedOutput& out : whole_and_bytewise(text)) {
+    EXPECT_TRUE(out.errors.empty()) << out.errors.front().message;
+    ASSERT_EQ(out.tool_calls.size(), 1u);
+    EXPECT_EQ(out.tool_calls[0].arguments["new_str"], "CLOSE_TAGS = [\"</parameter>\", \"</function>\", \"</tool_call>\"]");
+    EXPECT_EQ(out.content, "");
+  }
+}
+
+TEST(ToolCallParser, JsonFormStringsMayContainTheCloseTag) {
+  const std::string text =
+      "ok\n</think>\n\n<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": \"echo \\\"</tool_call>\\\" {\"}}\n"
+      "</tool_call>\nDone.";
+  for (const ParsedOutput& out : whole_and_bytewise(text)) {
+    EXPECT_TRUE(out.errors.empty()) << out.errors.front().message;
+    ASSERT_EQ(out.tool_calls.size(), 1u);
+    EXPECT_EQ(out.tool_calls[0].arguments["command"], "echo \"</tool_call>\" {");
+    EXPECT_EQ(out.content, "Done.");
+  }
+}
+
+TEST(ToolCallParser, AWholeFunctionWithoutClosingToolCallAtTheEndIsACall) {
+  const std::string text = "ok\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n</function>\n";
+  for (const ParsedOutput& out : whole_and_bytewise(text)) {
+    EXPECT_TRUE(out.errors.empty()) << out.errors.front().message;
+    ASSERT_EQ(out.tool_calls.size(), 1u);
+    EXPECT_EQ(out.tool_calls[0].arguments["command"], "ls");
+  }
+  // Cut inside the function it is still an error naming the unclosed tag.
+  const ParsedOutput cut = parse_model_output("</think>\n<tool_call>\n<function=shell>\n<parameter=command>\nls\n", tools(), {true});
+  EXPECT_TRUE(cut.tool_calls.empty());
+  ASSERT_FALSE(cut.errors.empty());
 }
 
 }  // namespace
