@@ -1,5 +1,9 @@
 #include "engine/chat/python_text.h"
 
+#include <algorithm>
+#include <cmath>
+#include <charconv>
+
 #include <cstdio>
 
 namespace kiln::engine::python {
@@ -67,18 +71,40 @@ void dump_string(std::string_view s, std::string& out) {
 }
 
 std::string float_repr(double d) {
-  // Python repr(float): shortest round-trip digits. nlohmann's dump uses the same shortest
-  // digits and exponent style ("1e-05", "1e+16", "2.5") but switches to exponent form one
-  // decade earlier: Python prints 1e15 <= |d| < 1e16 in fixed notation ("1000000000000000.0").
-  std::string s = nlohmann::ordered_json(d).dump();
-  const std::size_t e = s.find("e+15");
-  if (e == std::string::npos) return s;
-  const bool neg = s[0] == '-';
+  // Python repr(float): the shortest digits that round-trip, the closest to the value among those
+  // (std::to_chars guarantees the same), in fixed notation for exponents -4..15 (with at least
+  // one decimal: "100.0") and as d.ddde+XX otherwise ("1e-05", "1e+16").
+  if (!std::isfinite(d)) return nlohmann::ordered_json(d).dump();  // JSON has no inf/nan
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<std::size_t>(res.ptr - buf));
+  std::string out;
+  if (sci.front() == '-') {
+    out += '-';
+    sci.remove_prefix(1);
+  }
+  const std::size_t e = sci.find('e');
   std::string digits;
-  for (std::size_t i = neg ? 1 : 0; i < e; ++i)
-    if (s[i] != '.') digits += s[i];
-  digits.resize(16, '0');  // 1 leading digit + 15 decimal places
-  return (neg ? "-" : "") + digits + ".0";
+  for (char c : sci.substr(0, e))
+    if (c != '.') digits += c;
+  int exp = 0;
+  std::from_chars(sci.data() + e + (sci[e + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exp);
+  if (-4 <= exp && exp < 16) {
+    if (exp >= 0) {
+      const auto point = static_cast<std::size_t>(exp) + 1;
+      std::string whole = digits.substr(0, std::min(digits.size(), point));
+      whole.resize(point, '0');
+      out += whole + "." + (digits.size() > point ? digits.substr(point) : "0");
+    } else {
+      out += "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
+    }
+    return out;
+  }
+  out += digits[0];
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  std::string ex = std::to_string(exp < 0 ? -exp : exp);
+  if (ex.size() < 2) ex.insert(0, "0");
+  return out + (exp < 0 ? "e-" : "e+") + ex;
 }
 
 }  // namespace

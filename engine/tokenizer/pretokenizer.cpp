@@ -17,9 +17,13 @@ struct SplitRegex::Code {
 SplitRegex::~SplitRegex() = default;
 
 std::string translate_pattern(std::string_view p) {
-  // Oniguruma's Unicode \s is the White_Space property, which includes U+0085; PCRE2's UCP \s is
-  // Z + \t\n\v\f\r and leaves it out. Everything else in the Qwen patterns (\p{L}, \p{N}, \p{M},
-  // (?i:...), (?!...)) means the same in both.
+  // Oniguruma's (the `tokenizers` library's) Unicode \s is the White_Space property. PCRE2's UCP
+  // \s differs both ways: it leaves out U+0085 and takes in U+180E (through \h; not White_Space
+  // since Unicode 6.3), which moves token boundaries around that character. So \s is spelled out
+  // as White_Space itself. Everything else in the Qwen patterns (\p{L}, \p{N}, \p{M}, (?i:...),
+  // (?!...)) means the same in both.
+  constexpr std::string_view kWhiteSpace =
+      "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
   std::string out;
   out.reserve(p.size() + 32);
   bool in_class = false;
@@ -29,9 +33,13 @@ std::string translate_pattern(std::string_view p) {
       const char n = p[i + 1];
       ++i;
       if (n == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+        if (!in_class) out += '[';
+        out += kWhiteSpace;
+        if (!in_class) out += ']';
       } else if (n == 'S' && !in_class) {
-        out += "[^\\s\\x{85}]";
+        out += "[^";
+        out += kWhiteSpace;
+        out += ']';
       } else {
         out += '\\';
         out += n;

@@ -161,7 +161,7 @@ namespace {
 TEST(ChatTemplate, ToolsJsonMatchesPythonJsonDumps) {
   // Expected strings are what Python's json.dumps(x, ensure_ascii=False) prints.
   const Json tool = Json::parse(
-      R"({"name": "f", "description": "naïve \"quote\" \\ tab\t nl\n ctl\u0001 ✓", "n": [1, -2, 0.5, 1e-05, 0.0001, 1e+16, 1e15, 123456789.125, 100.0],
+      R"({"name": "f", "description": "naïve \"quote\" \\ tab\t nl\n ctl\u0001 ✓", "n": [1, -2, 0.5, 1e-05, 0.0001, 1e+16, 1e15, 123456789.125, 100.0, 1234567890123456.7, -1500000000000000.5],
           "b": [true, false, null], "e": {}, "l": []})");
   Conversation c;
   c.tools = {tool};
@@ -171,7 +171,7 @@ TEST(ChatTemplate, ToolsJsonMatchesPythonJsonDumps) {
   const RenderResult r = render_chat(c, {});
   ASSERT_TRUE(r.ok()) << r.error;
   EXPECT_NE(r.text.find(R"({"name": "f", "description": "naïve \"quote\" \\ tab\t nl\n ctl\u0001 ✓", )"
-                        R"("n": [1, -2, 0.5, 1e-05, 0.0001, 1e+16, 1000000000000000.0, 123456789.125, 100.0], )"
+                        R"("n": [1, -2, 0.5, 1e-05, 0.0001, 1e+16, 1000000000000000.0, 123456789.125, 100.0, 1234567890123456.8, -1500000000000000.5], )"
                         R"("b": [true, false, null], "e": {}, "l": []})"),
             std::string::npos)
       << r.text;

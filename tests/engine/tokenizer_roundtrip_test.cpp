@@ -170,6 +170,15 @@ TEST(TokenizerRoundTrip, NelIsWhitespaceAsInOniguruma) {
   EXPECT_EQ(pieces, (std::vector<std::string>{"a", "\xC2\x85", " b"}));
 }
 
+TEST(TokenizerRoundTrip, MongolianVowelSeparatorIsNotWhitespaceAsInOniguruma) {
+  // U+180E left White_Space in Unicode 6.3 (PCRE2's \h still has it): it is punctuation-like, so
+  // it joins the apostrophe after it, and "'s" is not split off as a contraction.
+  for (const Tokenizer* tok : {&qwen35_regex_tokenizer(), &qwen3_tokenizer()}) {
+    const auto pieces = tok->pre_tokenize("x\xE1\xA0\x8E's");
+    EXPECT_EQ(pieces, (std::vector<std::string>{"x", "\xE1\xA0\x8E'", "s"}));
+  }
+}
+
 TEST(TokenizerLoad, ErrorsNameTheFileAndField) {
   EXPECT_NE(Tokenizer::load_file("/nonexistent/tokenizer.json").error.find("/nonexistent/tokenizer.json"), std::string::npos);
   EXPECT_NE(Tokenizer::load_json_text("{not json", {}, "x.json").error.find("x.json: not a JSON object"), std::string::npos);
