@@ -269,11 +269,32 @@ void ToolCallParser::emit_content(ParsedOutput& out, std::string_view text, bool
   emit_trimmed(text, content_started_, held_whitespace_, out.content);
 }
 
-void ToolCallParser::finish_call(ParsedOutput& out, std::string_view body, bool) {
-  const std::size_t index = call_count_++;
-  CallParse parsed = parse_tool_call_body(body, tools_, index);
-  if (parsed.errors.empty()) out.tool_calls.push_back(std::move(parsed.call));
-  else out.errors.insert(out.errors.end(), parsed.errors.begin(), parsed.errors.end());
+void ToolCallParser::finish_call(ParsedOutput& out, std::string_view body, bool bare) {
+  auto parse_one = [&](std::string_view one) {
+    const std::size_t index = call_count_++;
+    CallParse parsed = parse_tool_call_body(one, tools_, index);
+    if (parsed.errors.empty()) out.tool_calls.push_back(std::move(parsed.call));
+    else out.errors.insert(out.errors.end(), parsed.errors.begin(), parsed.errors.end());
+  };
+  auto skip_ws = [](std::string_view s) {
+    std::size_t k = 0;
+    while (k < s.size() && is_ws(s[k])) ++k;
+    return s.substr(k);
+  };
+  // Several whole <function> blocks in one <tool_call> are several calls (vLLM's qwen3_coder
+  // parser reads them so too); anything else after a </function> stays an error of the body.
+  std::string_view rest = body;
+  while (!bare) {
+    const std::string_view fn = skip_ws(rest);
+    if (!fn.starts_with(kFunctionOpen)) break;
+    const std::size_t p = find_structural_close(fn, kFunctionClose);
+    if (p == std::string_view::npos) break;
+    const std::string_view after = skip_ws(fn.substr(p + kFunctionClose.size()));
+    if (!after.starts_with(kFunctionOpen)) break;
+    parse_one(fn.substr(0, p + kFunctionClose.size()));
+    rest = after;
+  }
+  parse_one(rest);
 }
 
 ParsedOutput parse_model_output(std::string_view text, const std::vector<Json>& tools,

@@ -318,5 +318,19 @@ TEST(ToolCallParser, AWholeFunctionWithoutClosingToolCallAtTheEndIsACall) {
   ASSERT_FALSE(cut.errors.empty());
 }
 
+
+TEST(ToolCallParser, TwoFunctionsInOneToolCallAreTwoCalls) {
+  const std::string text =
+      "ok\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n</function>\n"
+      "<function=shell>\n<parameter=command>\necho \"</function>\"\n</parameter>\n</function>\n</tool_call>";
+  for (const ParsedOutput& out : whole_and_bytewise(text)) {
+    EXPECT_TRUE(out.errors.empty()) << out.errors.front().message;
+    ASSERT_EQ(out.tool_calls.size(), 2u);
+    EXPECT_EQ(out.tool_calls[0].arguments["command"], "ls");
+    EXPECT_EQ(out.tool_calls[1].arguments["command"], "echo \"</function>\"");
+    EXPECT_EQ(out.tool_calls[1].call_index, 1u);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::engine
