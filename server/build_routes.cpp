@@ -417,14 +417,15 @@ HttpResponse render_metrics(App& app) {
   } else {
     out += "# store error: " + stats.error().message + "\n";
   }
-  store::CompareQuery every_model;  // the configured ones (0 until they finish a build), else all
+  store::CompareQuery every_model;  // the configured ones, else all
   for (const ModelConfig& m : app.config->models) every_model.models.push_back(m.name);
   if (auto report = app.store->compare(every_model)) {
     out += "# HELP kiln_decode_tokens_per_second Decode speed over finished builds, by model.\n";
     out += "# TYPE kiln_decode_tokens_per_second gauge\n";
     for (const store::ModelStats& m : report->models) {
+      if (!m.decode_tokens_per_s) continue;  // no decode yet: no sample rather than a false 0
       out += "kiln_decode_tokens_per_second{model=\"" + prometheus_label(m.model) + "\"} " +
-             std::to_string(m.decode_tokens_per_s) + "\n";
+             std::to_string(*m.decode_tokens_per_s) + "\n";
     }
   }
   // Every reason is listed (0 when it never happened) so dashboards see the family from the start.

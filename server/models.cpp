@@ -62,7 +62,8 @@ json ModelRegistry::describe(store::Store* store) const {
     store::CompareQuery cq;
     for (const ModelConfig& m : models_) cq.models.push_back(m.name);
     if (auto report = store->compare(cq)) {
-      for (const store::ModelStats& s : report->models) decode_tps[s.model] = s.decode_tokens_per_s;
+      for (const store::ModelStats& s : report->models)
+        if (s.decode_tokens_per_s) decode_tps[s.model] = *s.decode_tokens_per_s;
     }
   }
   json list = json::array();
@@ -95,7 +96,7 @@ json ModelRegistry::describe(store::Store* store) const {
     entry["residency"] = it != engine_.end() ? it->second.host : json(nullptr);
     entry["idle_unload_seconds"] = m.idle_unload_seconds;
     entry["stats"] = {{"sessions_in_use", running[m.name]}, {"max_sessions", m.max_sessions},
-                      {"decode_tokens_per_s", decode_tps[m.name]}};
+                      {"decode_tokens_per_s", decode_tps.count(m.name) ? json(decode_tps[m.name]) : json(nullptr)}};
     if (m.demo) {
       entry["demo"] = true;
       entry["warning"] = "demo model with RANDOM weights: builds run end to end but its output is noise";

@@ -3,6 +3,7 @@
 // (and tested) without a database.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 #include "store/store_impl.h"
@@ -10,16 +11,16 @@
 namespace kiln::store {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
+std::optional<double> median(std::vector<double> v) {
+  if (v.empty()) return std::nullopt;
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Nearest-rank percentile: the smallest value with at least p of the data at or below it.
-double percentile_nearest_rank(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
+std::optional<double> percentile_nearest_rank(std::vector<double> v, double p) {
+  if (v.empty()) return std::nullopt;
   std::sort(v.begin(), v.end());
   size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
@@ -65,15 +66,17 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
   std::vector<Finished> rows;
   Status fetched = impl_->read([&](detail::Db& db) -> Status {
     rows.clear();
-    // Cancelled builds say nothing about a model, so they are left out. Wall time is the
-    // worker's measurement when it gave one, else finish minus latest claim.
+    // Cancelled builds say nothing about a model, nor do kiln's own failures (infra_error: a
+    // clone, the sandbox, a lost lease), so they are left out. Wall time is the worker's
+    // measurement when it gave one, else finish minus latest claim.
     Result<detail::Query> q = db.query(
         "SELECT b.model, b.task_key, b.status = 'succeeded', "
         "CASE WHEN m.seconds_wall > 0 THEN m.seconds_wall "
         "     ELSE (b.finished_ms - COALESCE(b.started_ms, b.created_ms)) / 1000.0 END, "
         "m.tokens_generated, m.seconds_decode "
         "FROM builds b JOIN build_metrics m ON m.build_id = b.id "
-        "WHERE b.status IN ('succeeded', 'failed', 'error') AND (?1 IS NULL OR b.finished_ms >= ?1) "
+        "WHERE b.status IN ('succeeded', 'failed', 'error') AND b.outcome IS NOT 'infra_error' "
+        "AND (?1 IS NULL OR b.finished_ms >= ?1) "
         "ORDER BY b.finished_ms, b.id");
     if (!q) return q.error();
     q->bind(1, query.since_ms);
@@ -107,17 +110,17 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
       if (f.model != model) continue;
       ++s.builds;
       s.succeeded += f.succeeded ? 1 : 0;
-      walls.push_back(f.wall_s);
+      if (f.succeeded) walls.push_back(f.wall_s);
       tokens.push_back(static_cast<double>(f.tokens_generated));
       sum_tokens += f.tokens_generated;
       sum_decode += f.seconds_decode;
       latest[model][f.task_key] = &f;
     }
-    s.success_rate = s.builds ? static_cast<double>(s.succeeded) / static_cast<double>(s.builds) : 0;
+    if (s.builds > 0) s.success_rate = static_cast<double>(s.succeeded) / static_cast<double>(s.builds);
     s.median_wall_s = median(walls);
     s.p90_wall_s = percentile_nearest_rank(walls, 0.9);
     s.median_tokens_generated = median(tokens);
-    s.decode_tokens_per_s = sum_decode > 0 ? static_cast<double>(sum_tokens) / sum_decode : 0;
+    if (sum_decode > 0) s.decode_tokens_per_s = static_cast<double>(sum_tokens) / sum_decode;
     report.models.push_back(std::move(s));
   }
 
@@ -140,10 +143,11 @@ Result<CompareReport> Store::compare(const CompareQuery& query) {
           ++p.only_b;
         else
           ++p.both_failed;
-        if (b->wall_s > 0) ratios.push_back(a->wall_s / b->wall_s);
+        // Time only means something where both did the task.
+        if (a->succeeded && b->succeeded && b->wall_s > 0) ratios.push_back(a->wall_s / b->wall_s);
       }
       p.mcnemar_p = mcnemar_exact_p(p.only_a, p.only_b);
-      if (!ratios.empty()) p.median_wall_ratio = median(ratios);
+      p.median_wall_ratio = median(ratios);
       report.pairs.push_back(std::move(p));
     }
   }

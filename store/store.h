@@ -279,13 +279,16 @@ struct CompareQuery {
 
 struct ModelStats {
   std::string model;
-  int64_t builds = 0;  // finished builds, cancelled ones excluded
+  // Finished builds that say something about the model: cancelled builds and kiln's own failures
+  // (infra_error: clone, sandbox, lost lease) are left out.
+  int64_t builds = 0;
   int64_t succeeded = 0;
-  double success_rate = 0;   // succeeded / builds (0 when no builds)
-  double median_wall_s = 0;  // over finished builds
-  double p90_wall_s = 0;     // nearest rank
-  double median_tokens_generated = 0;
-  double decode_tokens_per_s = 0;  // sum tokens_generated / sum seconds_decode (0 if no decode time)
+  // Each is nullopt (JSON null) when there is nothing to compute it from, never a made-up 0.
+  std::optional<double> success_rate;             // succeeded / builds
+  std::optional<double> median_wall_s;            // over succeeded builds: a model that gives up
+  std::optional<double> p90_wall_s;               //   early must not look fast (nearest rank)
+  std::optional<double> median_tokens_generated;  // over all its builds: what a build costs
+  std::optional<double> decode_tokens_per_s;      // sum tokens_generated / sum seconds_decode
 };
 
 // Pairs use, per (task, model), the latest finished build; both succeeded/only A/only B/both failed
@@ -299,7 +302,7 @@ struct PairStats {
   int64_t only_b = 0;
   int64_t both_failed = 0;
   double mcnemar_p = 1.0;                   // exact two-sided, on only_a vs only_b
-  std::optional<double> median_wall_ratio;  // median over tasks of wall_a / wall_b
+  std::optional<double> median_wall_ratio;  // median of wall_a / wall_b over tasks both succeeded
 };
 
 struct CompareReport {

@@ -163,11 +163,11 @@ std::string to_json(const CompareReport& r) {
     models.push_back({{"model", m.model},
                       {"builds", m.builds},
                       {"succeeded", m.succeeded},
-                      {"success_rate", m.success_rate},
-                      {"median_wall_s", m.median_wall_s},
-                      {"p90_wall_s", m.p90_wall_s},
-                      {"median_tokens_generated", m.median_tokens_generated},
-                      {"decode_tokens_per_s", m.decode_tokens_per_s}});
+                      {"success_rate", opt(m.success_rate)},
+                      {"median_wall_s", opt(m.median_wall_s)},
+                      {"p90_wall_s", opt(m.p90_wall_s)},
+                      {"median_tokens_generated", opt(m.median_tokens_generated)},
+                      {"decode_tokens_per_s", opt(m.decode_tokens_per_s)}});
   }
   nlohmann::json pairs = nlohmann::json::array();
   for (const PairStats& p : r.pairs) {

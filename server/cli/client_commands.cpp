@@ -281,15 +281,21 @@ void add_client_commands(CLI::App& app, Context& ctx) {
       ctx.out << std::left << std::setw(24) << "MODEL" << std::right << std::setw(7) << "BUILDS" << std::setw(9)
               << "SUCCESS" << std::setw(10) << "MEDIAN" << std::setw(10) << "P90" << std::setw(12) << "TOKENS"
               << std::setw(10) << "TOK/S" << "\n";
+      // A value the server could not compute (no builds, no successes) is null: shown as "-".
+      auto number = [](const json& v, int precision, double scale = 1, const char* unit = "") {
+        if (!v.is_number()) return std::string("-");
+        std::ostringstream s;
+        s << std::fixed << std::setprecision(precision) << scale * v.get<double>() << unit;
+        return s.str();
+      };
       for (const json& m : (*report)["models"]) {
-        std::ostringstream rate;
-        rate << std::fixed << std::setprecision(0) << 100.0 * m.value("success_rate", 0.0) << "%";
         ctx.out << std::left << std::setw(24) << m.value("model", "") << std::right << std::setw(7)
-                << m.value("builds", int64_t{0}) << std::setw(9) << rate.str() << std::setw(10)
-                << fmt_seconds(m["median_wall_s"]) << std::setw(10) << fmt_seconds(m["p90_wall_s"]) << std::setw(12)
-                << std::fixed << std::setprecision(0) << m.value("median_tokens_generated", 0.0) << std::setw(10)
-                << std::setprecision(1) << m.value("decode_tokens_per_s", 0.0) << "\n";
+                << m.value("builds", int64_t{0}) << std::setw(9) << number(m["success_rate"], 0, 100, "%")
+                << std::setw(10) << fmt_seconds(m["median_wall_s"]) << std::setw(10) << fmt_seconds(m["p90_wall_s"])
+                << std::setw(12) << number(m["median_tokens_generated"], 0) << std::setw(10)
+                << number(m["decode_tokens_per_s"], 1) << "\n";
       }
+      ctx.out << "(MEDIAN and P90: wall time of succeeded builds; cancelled builds and kiln's own failures are left out)\n";
       if (!(*report)["pairs"].empty()) ctx.out << "\n";
       for (const json& p : (*report)["pairs"]) {
         ctx.out << p.value("model_a", "") << " vs " << p.value("model_b", "") << ": " << p.value("tasks", int64_t{0})

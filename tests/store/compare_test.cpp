@@ -71,14 +71,15 @@ TEST(StoreCompare, PerModelStatsAndPairedCountsOverTheSameTasks) {
   EXPECT_EQ(a.model, "a");
   EXPECT_EQ(a.builds, 5);
   EXPECT_EQ(a.succeeded, 3);
-  EXPECT_DOUBLE_EQ(a.success_rate, 0.6);
-  EXPECT_DOUBLE_EQ(a.median_wall_s, 30);
-  EXPECT_DOUBLE_EQ(a.p90_wall_s, 50);  // nearest rank: ceil(0.9*5) = 5th
-  EXPECT_DOUBLE_EQ(a.median_tokens_generated, 300);
-  EXPECT_DOUBLE_EQ(a.decode_tokens_per_s, 1500.0 / 10.0);
+  EXPECT_DOUBLE_EQ(a.success_rate.value(), 0.6);
+  // Times are of succeeded builds (10, 20, 50): a model that gives up early must not look fast.
+  EXPECT_DOUBLE_EQ(a.median_wall_s.value(), 20);
+  EXPECT_DOUBLE_EQ(a.p90_wall_s.value(), 50);  // nearest rank: ceil(0.9*3) = 3rd
+  EXPECT_DOUBLE_EQ(a.median_tokens_generated.value(), 300);  // tokens: of every build
+  EXPECT_DOUBLE_EQ(a.decode_tokens_per_s.value(), 1500.0 / 10.0);
   const ModelStats& b = r->models[1];
   EXPECT_EQ(b.builds, 4);
-  EXPECT_DOUBLE_EQ(b.median_wall_s, 15);  // (10 + 20) / 2
+  EXPECT_DOUBLE_EQ(b.median_wall_s.value(), 32.5);  // (5 + 60) / 2: its two successes
 
   ASSERT_EQ(r->pairs.size(), 1u);
   const PairStats& p = r->pairs[0];
@@ -89,7 +90,7 @@ TEST(StoreCompare, PerModelStatsAndPairedCountsOverTheSameTasks) {
   EXPECT_EQ(p.both_failed, 1);
   EXPECT_DOUBLE_EQ(p.mcnemar_p, 1.0);
   ASSERT_TRUE(p.median_wall_ratio);
-  // Ratios a/b: 10/5=2, 20/10=2, 30/60=0.5, 40/20=2 -> median 2.
+  // Only where both succeeded (t0): 10/5 = 2.
   EXPECT_DOUBLE_EQ(*p.median_wall_ratio, 2.0);
   EXPECT_NE(to_json(*r).find("\"mcnemar_p\":1.0"), std::string::npos) << to_json(*r);
 }
@@ -130,7 +131,7 @@ TEST(StoreCompare, SinceKeepsOnlyBuildsFinishedAtOrAfterIt) {
   ASSERT_EQ(r->models.size(), 2u);
   EXPECT_EQ(r->models[0].builds, 2);  // a's first (failed) build is before the cutoff
   EXPECT_EQ(r->models[0].succeeded, 2);
-  EXPECT_DOUBLE_EQ(r->models[0].median_wall_s, 25);
+  EXPECT_DOUBLE_EQ(r->models[0].median_wall_s.value(), 25);
   EXPECT_EQ(r->models[1].builds, 1);  // finished exactly at the cutoff: kept
   ASSERT_EQ(r->pairs.size(), 1u);
   EXPECT_EQ(r->pairs[0].tasks, 1);
@@ -142,11 +143,49 @@ TEST(StoreCompare, SinceKeepsOnlyBuildsFinishedAtOrAfterIt) {
   EXPECT_EQ(r->models[0].builds, 0);
   EXPECT_EQ(r->models[1].builds, 0);
   EXPECT_EQ(r->pairs[0].tasks, 0);
+  // Nothing to compute from: no number rather than a made-up 0 % and 0.0 s.
+  EXPECT_FALSE(r->models[0].success_rate || r->models[0].median_wall_s || r->models[0].p90_wall_s ||
+               r->models[0].median_tokens_generated || r->models[0].decode_tokens_per_s);
+  EXPECT_NE(to_json(*r).find("\"success_rate\":null"), std::string::npos) << to_json(*r);
+  EXPECT_FALSE(r->pairs[0].median_wall_ratio);
 
   q.since_ms.reset();  // all time
   r = store->compare(q);
   ASSERT_OK(r);
   EXPECT_EQ(r->models[0].builds, 3);
+}
+
+
+// kiln's own failures (a clone, the sandbox, a lost lease) say nothing about the model: they are
+// left out of its builds, success rate and times, and of the pairs.
+TEST(StoreCompare, KilnsOwnFailuresDoNotCountAgainstAModel) {
+  TempDir dir;
+  ManualClock clock;
+  auto store = open_store(dir.file("kiln.db"), &clock);
+  run_build(*store, clock, "t", "a", true, 10, 1, 1);
+  run_build(*store, clock, "t", "b", true, 20, 1, 1);
+  BuildSpec s = spec("t", "a");  // then a's rerun of t fails to clone
+  int64_t id = store->submit(s)->id;
+  ClaimRequest c = claimer();
+  c.models = {"a"};
+  Build b = **store->claim(c);
+  ASSERT_EQ(b.id, id);
+  clock.advance(100);
+  FinishRequest f;
+  f.status = BuildStatus::error;
+  f.reason = OutcomeReason::infra_error;
+  f.error_message = "clone failed";
+  ASSERT_OK(store->finish(id, b.attempt, f));
+
+  CompareQuery q;
+  q.models = {"a", "b"};
+  Result<CompareReport> r = store->compare(q);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->models[0].builds, 1);
+  EXPECT_DOUBLE_EQ(r->models[0].success_rate.value(), 1.0);
+  ASSERT_EQ(r->pairs.size(), 1u);
+  EXPECT_EQ(r->pairs[0].both_succeeded, 1);  // the latest informative build of t, not the clone failure
+  EXPECT_DOUBLE_EQ(r->pairs[0].median_wall_ratio.value(), 0.5);
 }
 
 }  // namespace
