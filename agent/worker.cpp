@@ -177,11 +177,18 @@ class BuildRun {
       for (const store::Event& e : *page) {
         after = e.seq;
         if (e.attempt <= 0 || e.attempt >= build_.attempt) continue;
-        auto& [first, last] = span_ms[e.attempt];
-        if (first == 0) first = e.ts_ms;
-        last = e.ts_ms;
         const Json p = Json::parse(e.payload_json, nullptr, false);
         if (!p.is_object()) continue;
+        // An earlier resume already added that attempt's metrics (they are summed once).
+        if (e.kind == "log" && p.contains("recovered_attempt") && p["recovered_attempt"].is_number_integer())
+          recorded[p["recovered_attempt"].get<int>()] = true;
+        // The store's transitions (claim, and the requeue written when recovery ran, maybe long
+        // after the worker died) are not the attempt's work: its span is its worker's events.
+        if (!(e.kind == "status" && !p.contains("phase"))) {
+          auto& [first, last] = span_ms[e.attempt];
+          if (first == 0) first = e.ts_ms;
+          last = e.ts_ms;
+        }
         store::BuildMetrics& m = lost[e.attempt];
         if (e.kind == "metric" && p.contains("seconds_wall")) recorded[e.attempt] = true;
         if (e.kind == "metric" && p.contains("step")) {
@@ -204,7 +211,7 @@ class BuildRun {
       if (auto added = store_.add_metrics(build_.id, build_.attempt, m); !added.ok()) continue;
       emit("log", {{"phase", "resume"}, {"message", "metrics of attempt " + std::to_string(attempt) +
                                                         " recovered from its log (it ended without writing them)"},
-                   {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
+                   {"recovered_attempt", attempt}, {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
                    {"tokens_generated", m.tokens_generated}});
     }
   }

@@ -524,6 +524,47 @@ TEST(BuildPipeline, a_build_interrupted_during_verify_reruns_verify_on_the_commi
   EXPECT_LT(find_event(events, 0, "log", "\"from\":\"verify\""), events.size());
 }
 
+// Attempt 2 recovered attempt 1's metrics, then died too: attempt 3 must not add attempt 1 again.
+// A dead attempt's wall time ends at its own last event, not at the requeue recovery wrote later.
+TEST(BuildPipeline, recovered_metrics_are_counted_once_and_exclude_downtime) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit(std::nullopt);
+  auto first = p.claim();
+  const std::vector<store::NewEvent> logged = {
+      {"metric", R"({"step":1,"tokens_prefilled":900000,"tokens_reused":0,"tokens_generated":40,"tokens_reasoning":0,"prefill_s":2.5,"decode_s":1.0})"},
+      {"tool_call", R"({"name":"bash","arguments":{"command":"ls"}})"}};
+  ASSERT_TRUE(p.ts.store->append_events(first.id, first.attempt, logged).ok());
+  p.ts.clock->fetch_add(100'000);  // the server is down for 100 s before recovery runs
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  {
+    StopSignal stop;  // attempt 2 recovers attempt 1, then loses its lease (dies) in its first turn
+    auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "done"}}))};
+    script[0].expect = [&](const std::vector<Message>&) { stop.request(StopCause::lease_lost); };
+    BuildReport r = run_build(*p.ts.store, second, p.options, scripted(script), stop);
+    ASSERT_FALSE(r.finished);
+  }
+  p.ts.clock->fetch_add(10'000);
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto third = p.claim();
+  ASSERT_EQ(third.attempt, 3);
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "done"}}))};
+  BuildReport r = run_build(*p.ts.store, third, p.options, scripted(script), stop);
+  ASSERT_TRUE(r.finished) << r.message;
+  auto stored = p.ts.store->get(first.id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_GE(stored->metrics.tokens_prefilled, 900'000);
+  EXPECT_LT(stored->metrics.tokens_prefilled, 1'800'000) << "attempt 1 counted twice";
+  EXPECT_EQ(stored->metrics.tool_calls["bash"], 1);
+  EXPECT_LT(stored->metrics.seconds_wall, 50.0) << "server downtime counted as build time";
+  int recovered = 0;
+  for (const auto& e : p.events(first.id))
+    if (e.kind == "log" && e.payload_json.find("metrics of attempt 1 recovered") != std::string::npos) ++recovered;
+  EXPECT_EQ(recovered, 1);
+}
+
 TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {
   Pipeline p("stats-py");
   int64_t a = p.submit("python3 -m unittest -q").id;
