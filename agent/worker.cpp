@@ -221,7 +221,7 @@ class BuildRun {
     bool resumed = build_.attempt > 1 && try_resume(resume_note);
     if (!resumed) {
       std::error_code ec;
-      fs::remove_all(workspace_, ec);
+      tools::remove_tree(workspace_);
       fs::create_directories(options_.workspace_root, ec);
       auto clone = tools::git_clone_workspace(build_.spec.repo, build_.spec.ref, workspace_, std::to_string(build_.id));
       if (!clone.ok()) return "clone of " + build_.spec.repo + " failed: " + clone.error;
@@ -457,21 +457,31 @@ class BuildRun {
     if (!finished.ok()) report.message = "finish not written: " + finished.error().message;
     if (!published_.empty()) report.results_repo = results_repo_.string();
     if (finished.ok() && !options_.keep_workspaces && !keep_workspace_) {
-      std::error_code ec;
-      fs::remove_all(workspace_, ec);
+      std::string error;
+      if (!tools::remove_tree(workspace_, &error))
+        std::cerr << "level=warn component=agent build=" << build_.id << " msg=\"workspace not removed\" error=\""
+                  << error << "\"\n";
     }
     return report;
   }
 
-  // Lease lost or shutting down: write nothing more; keep the workspace for a later attempt.
+  // Lease lost or shutting down: no outcome; keep the workspace for a later attempt.
   // Stopped without an outcome (shutdown, lost lease): the build goes back to the queue. What this
   // attempt spent is added to the build's metrics while the lease still holds (after a lost lease
   // the store's fence refuses it), so a resumed build's totals include the interrupted attempt.
-  // The totals event marks them as recorded (see recover_lost_attempt_metrics).
+  // The totals event marks them as recorded (see recover_lost_attempt_metrics). On shutdown the
+  // attempt is handed back at once (store release, fenced): the build is queued again now, not
+  // when its lease expires, and a restart does not use up one of its attempts.
   BuildReport abandoned(std::string message) {
     metrics_.seconds_wall = seconds_since(started_);
     emit("metric", Json::parse(store::to_json(metrics_)));
     (void)store_.add_metrics(build_.id, build_.attempt, metrics_);
+    if (stop_.cause() == StopCause::shutdown) {
+      if (auto released = store_.release(build_.id, build_.attempt); !released.ok())
+        message += " (not handed back: " + released.error().message + "; its lease will expire)";
+      else
+        message += " (handed back to the queue)";
+    }
     BuildReport report;
     report.message = std::move(message);
     return report;
@@ -505,6 +515,35 @@ class BuildRun {
 };
 
 }  // namespace
+
+int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace_root) {
+  int removed = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(workspace_root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("build-", 0) != 0) continue;
+    int64_t id = 0;
+    try {
+      size_t used = 0;
+      id = std::stoll(name.substr(6), &used);
+      if (used != name.size() - 6) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    auto build = store.get(id, /*include_diff=*/false);
+    // Queued or running builds may resume from theirs; a store error says nothing: kept.
+    bool unknown = !build.ok() && build.error().code == store::ErrorCode::not_found;
+    if (!unknown && (!build.ok() || !store::is_terminal(build->status))) continue;
+    std::string error;
+    if (tools::remove_tree(it->path(), &error)) {
+      ++removed;
+    } else {
+      std::cerr << "level=warn component=agent msg=\"workspace not removed\" path=\"" << it->path().string()
+                << "\" error=\"" << error << "\"\n";
+    }
+  }
+  return removed;
+}
 
 std::filesystem::path results_repository(const WorkerOptions& options) {
   if (!options.results_repo.empty()) return options.results_repo;

@@ -11,7 +11,8 @@
 // verify (queue is the store's). Resume: a build claimed again after an interrupted attempt
 // says so in a `log` event, and continues from the workspace the earlier attempt left when it is
 // still there (the model is told), otherwise starts from scratch and says that instead.
-// A lost lease or a shutdown writes nothing more: the store (fencing, recovery) owns the build.
+// A lost lease writes nothing more: the store (fencing, recovery) owns the build. A shutdown
+// hands the attempt back (Store::release): queued again at once, not counted as a failed attempt.
 // After the commit, kiln/<id> is pushed into the results repository (results_repository()), the
 // only copy once the workspace is removed; a build that was interrupted during verify re-runs
 // only verify on the committed tree (verify's leftovers are removed first).
@@ -67,6 +68,11 @@ struct BuildReport {
   std::string commit;  // the commit on kiln/<id>, when there were changes
   std::string results_repo;  // where kiln/<id> was pushed (`git fetch <results_repo> kiln/<id>`)
 };
+
+// Removes the workspaces (build-<id> under workspace_root) of builds that ended (recovery gave
+// them up or cancelled them, a cancel while queued after an interrupted attempt, a crash between
+// finish and cleanup) or that the store does not know. Returns how many it removed.
+int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace_root);
 
 // The bare repository the result branches go to (WorkerOptions::results_repo or its default).
 std::filesystem::path results_repository(const WorkerOptions& options);

@@ -565,6 +565,59 @@ TEST(BuildPipeline, recovered_metrics_are_counted_once_and_exclude_downtime) {
   EXPECT_EQ(recovered, 1);
 }
 
+// A graceful shutdown hands the build back at once; restarts do not use up its attempts (three
+// used to end a healthy build with "lease expired on 3 attempts").
+TEST(BuildPipeline, shutdown_requeues_the_build_at_once_without_using_an_attempt) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.submit("python3 -m unittest -q");
+  int64_t id = 0;
+  for (int restart = 1; restart <= 3; ++restart) {
+    auto build = p.claim();
+    id = build.id;
+    BuildReport r = fix_then_shut_down(p, build);
+    ASSERT_FALSE(r.finished);
+    auto stored = p.ts.store->get(id);
+    EXPECT_EQ(stored->status, BuildStatus::queued) << "restart " << restart;
+    p.ts.clock->fetch_add(60'000);
+    ASSERT_TRUE(p.ts.store->recover().ok());
+  }
+  auto last = p.claim();
+  EXPECT_EQ(last.attempt, 4);
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "fixed"}}))};
+  BuildReport r = run_build(*p.ts.store, last, p.options, scripted(script), stop);
+  ASSERT_TRUE(r.finished) << r.message;
+  EXPECT_EQ(r.status, BuildStatus::succeeded) << r.message;
+}
+
+// Workspaces of builds that ended without their worker removing them (given up or cancelled by
+// recovery, cancelled while queued after an interrupted attempt, a crash after finish) and of
+// builds the store does not know are swept; those of queued/running builds stay. Read-only
+// directories a command left do not stop it.
+TEST(BuildPipeline, sweep_removes_workspaces_of_ended_and_unknown_builds) {
+  Pipeline p("stats-py");
+  int64_t cancelled = p.submit(std::nullopt).id;
+  int64_t queued = p.submit(std::nullopt).id;
+  ASSERT_TRUE(p.ts.store->cancel(cancelled).ok());
+  for (int64_t id : {cancelled, queued, int64_t{999}}) {
+    std::filesystem::create_directories(p.workspace(id) / "ro/sub");
+    std::ofstream(p.workspace(id) / "ro/sub/f") << "x";
+    std::filesystem::permissions(p.workspace(id) / "ro", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  }
+  std::filesystem::create_directories(p.options.workspace_root / "not-a-build");
+  EXPECT_EQ(sweep_workspaces(*p.ts.store, p.options.workspace_root), 2);
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(cancelled)));
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(999)));
+  EXPECT_TRUE(std::filesystem::exists(p.workspace(queued)));
+  EXPECT_TRUE(std::filesystem::exists(p.options.workspace_root / "not-a-build"));
+  // The pool sweeps when it starts.
+  ASSERT_TRUE(p.ts.store->cancel(queued).ok());
+  WorkerPool pool(p.options, *p.ts.store, scripted({}), 1);
+  pool.start();
+  pool.stop();
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(queued)));
+}
+
 TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {
   Pipeline p("stats-py");
   int64_t a = p.submit("python3 -m unittest -q").id;
