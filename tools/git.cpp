@@ -93,6 +93,32 @@ Commit resolve_commit(git_repository* repo, const std::string& ref, std::string&
   return nullptr;
 }
 
+int collect_submodule(git_submodule*, const char* name, void* payload) {
+  static_cast<std::vector<std::string>*>(payload)->push_back(name);
+  return 0;
+}
+
+// Initialises and checks out every submodule of the checked-out tree at its recorded commit (a
+// relative URL resolves against the source, origin). Without them the tree the agent and verify
+// see is missing code. Returns "" or the cause.
+std::string update_submodules(git_repository* repo) {
+  std::vector<std::string> names;
+  if (git_submodule_foreach(repo, collect_submodule, &names) != 0) return why("cannot read .gitmodules");
+  for (const std::string& name : names) {
+    git_submodule* raw = nullptr;
+    if (git_submodule_lookup(&raw, repo, name.c_str()) != 0) return why("submodule " + name);
+    Owned<git_submodule, git_submodule_free> sub(raw);
+    git_submodule_update_options options = GIT_SUBMODULE_UPDATE_OPTIONS_INIT;
+    options.checkout_opts.checkout_strategy = GIT_CHECKOUT_FORCE;
+    if (git_submodule_update(sub.get(), /*init=*/1, &options) != 0) {
+      const char* url = git_submodule_url(sub.get());
+      return why("cannot check out submodule " + std::string(git_submodule_path(sub.get())) + " from " +
+                 (url != nullptr ? url : "?"));
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref, const fs::path& dest,
@@ -170,6 +196,10 @@ GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::
   Reference branch_ref(branch_raw);
   if (git_repository_set_head(repo.get(), ("refs/heads/" + branch).c_str()) != 0) {
     return failure<CloneInfo>("cannot switch HEAD to " + branch);
+  }
+  if (std::string error = update_submodules(repo.get()); !error.empty()) {
+    out.error = error + " (" + source + ")";
+    return out;
   }
   std::string base = hex(git_commit_id(commit.get()));
   git_config* cfg_raw = nullptr;

@@ -31,7 +31,8 @@ struct CloneInfo {
 // source branch named `kiln` cannot collide), records the base commit in the repository config (kiln.base), and writes
 // `.kiln/` into .git/info/exclude so kiln's own files (saved outputs, $HOME) stay out of diffs and
 // commits. The clone is self-contained (objects fetched, never an alternates link to the
-// source); a shallow local source is refused, an empty one is named as such.
+// source); a shallow local source is refused, an empty one is named as such. Submodules are
+// checked out at their recorded commits (relative URLs against the source), or the clone fails.
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
                                           const std::filesystem::path& dest, const std::string& build_id);
 

@@ -300,6 +300,28 @@ TEST(Git, AnEmptySourceIsNamedAsEmpty) {
   EXPECT_NE(cloned.error.find("is empty"), std::string::npos) << cloned.error;
 }
 
+// Submodules are checked out (a relative URL resolves against the source); one that cannot be
+// fails the clone naming it.
+TEST(Git, SubmodulesAreCheckedOutFromTheSource) {
+  TempWorkspace repos;
+  std::string git = "git -c user.name=t -c user.email=t@t -c init.defaultBranch=main -c protocol.file.allow=always ";
+  std::string sub = (repos.path() / "sub").string(), super = (repos.path() / "super").string();
+  shell(git + "init -q " + sub + " && echo s > " + sub + "/s.txt && " + git + "-C " + sub + " add -A && " + git + "-C " +
+        sub + " commit -qm s");
+  shell(git + "init -q " + super + " && echo t > " + super + "/top.txt && " + git + "-C " + super +
+        " submodule add -q ../sub libs/sub && " + git + "-C " + super + " add -A && " + git + "-C " + super + " commit -qm t");
+  ASSERT_TRUE(std::filesystem::exists(repos.path() / "super/.gitmodules"));
+  TempWorkspace parent;
+  auto cloned = git_clone_workspace(super, "", parent.path() / "ws", "18");
+  ASSERT_TRUE(cloned.ok()) << cloned.error;
+  EXPECT_EQ(parent.read("ws/libs/sub/s.txt"), "s\n");
+  EXPECT_TRUE(git_status(parent.path() / "ws").value.empty());
+  std::filesystem::remove_all(repos.path() / "sub");
+  auto broken = git_clone_workspace(super, "", parent.path() / "ws2", "19");
+  EXPECT_FALSE(broken.ok());
+  EXPECT_NE(broken.error.find("submodule libs/sub"), std::string::npos) << broken.error;
+}
+
 // kiln running as non-root must still remove what a command left read-only.
 TEST(Git, RemoveTreeRemovesReadOnlyDirectoriesAsNonRoot) {
   TempWorkspace parent;
