@@ -1,6 +1,7 @@
 #include "agent/worker.h"
 
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -101,7 +102,8 @@ class BuildRun {
       : store_(store), build_(build), options_(options), models_(models), stop_(stop),
         events_(store, build.id, build.attempt),
         workspace_(options.workspace_root / ("build-" + std::to_string(build.id))),
-        branch_("kiln/" + std::to_string(build.id)), policy_(options.sandbox) {}
+        branch_("kiln/" + std::to_string(build.id)), results_repo_(results_repository(options)),
+        policy_(options.sandbox) {}
 
   BuildReport run() {
     LeaseKeeper lease(store_, build_.id, build_.attempt, options_.lease_ms, options_.heartbeat_interval, stop_);
@@ -115,6 +117,21 @@ class BuildRun {
                      "the sandbox is unusable on this host: " + options_.sandbox_unusable});
     }
     if (auto error = set_up_workspace(resume_note)) return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
+    if (verify_pending_) {
+      // An earlier attempt's agent submitted and its change was committed; it died in verify.
+      // The agent phase is over: only verify runs again, on the committed tree.
+      metrics_.seconds_setup = seconds_since(started_);
+      auto head = tools::git_head_commit(workspace_);
+      if (!head.ok()) return finish({BuildStatus::error, OutcomeReason::infra_error, "resume before verify: " + head.error});
+      if (auto diff = tools::git_diff(workspace_); diff.ok()) diff_ = bounded_diff(diff.value);
+      if (auto error = publish()) return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
+      Outcome outcome = verify();
+      if (stop_.cause() == StopCause::lease_lost || stop_.cause() == StopCause::shutdown)
+        return abandoned("stopped during verify: " + std::string(stop_cause_name(stop_.cause())));
+      BuildReport report = finish(outcome);
+      report.commit = head.value;
+      return report;
+    }
     auto model = models_(build_.spec.model, build_.id);
     if (!model) return finish({BuildStatus::error, OutcomeReason::model_error, "model `" + build_.spec.model + "`: " + model.error()});
     metrics_.seconds_setup = seconds_since(started_);
@@ -122,7 +139,15 @@ class BuildRun {
     AgentResult agent = run_agent_phase(**model, resume_note);
     if (agent.reason == StopReason::lease_lost || agent.reason == StopReason::shutdown)
       return abandoned(std::string(stop_reason_name(agent.reason)) + ": " + agent.message);
-    std::string commit = commit_changes();  // before verify: the commit is what the agent left
+    std::string commit;
+    // Before verify: the commit is what the agent left. A change that cannot be committed (or
+    // saved) is lost with the workspace, so the build cannot claim success.
+    if (auto error = commit_changes(commit); error && agent.reason != StopReason::cancelled)
+      return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
+    if (auto error = publish(); error && agent.reason != StopReason::cancelled)
+      return finish({BuildStatus::error, OutcomeReason::infra_error, *error});
+    if (agent.reason == StopReason::submitted && build_.spec.verify && !mark_verify_pending())
+      return finish({BuildStatus::error, OutcomeReason::infra_error, "cannot write " + verify_marker().string()});
     Outcome outcome = decide(agent);
     if (stop_.cause() == StopCause::lease_lost || stop_.cause() == StopCause::shutdown)
       return abandoned("stopped during verify: " + std::string(stop_cause_name(stop_.cause())));
@@ -152,11 +177,18 @@ class BuildRun {
       for (const store::Event& e : *page) {
         after = e.seq;
         if (e.attempt <= 0 || e.attempt >= build_.attempt) continue;
-        auto& [first, last] = span_ms[e.attempt];
-        if (first == 0) first = e.ts_ms;
-        last = e.ts_ms;
         const Json p = Json::parse(e.payload_json, nullptr, false);
         if (!p.is_object()) continue;
+        // An earlier resume already added that attempt's metrics (they are summed once).
+        if (e.kind == "log" && p.contains("recovered_attempt") && p["recovered_attempt"].is_number_integer())
+          recorded[p["recovered_attempt"].get<int>()] = true;
+        // The store's transitions (claim, and the requeue written when recovery ran, maybe long
+        // after the worker died) are not the attempt's work: its span is its worker's events.
+        if (!(e.kind == "status" && !p.contains("phase"))) {
+          auto& [first, last] = span_ms[e.attempt];
+          if (first == 0) first = e.ts_ms;
+          last = e.ts_ms;
+        }
         store::BuildMetrics& m = lost[e.attempt];
         if (e.kind == "metric" && p.contains("seconds_wall")) recorded[e.attempt] = true;
         if (e.kind == "metric" && p.contains("step")) {
@@ -179,7 +211,7 @@ class BuildRun {
       if (auto added = store_.add_metrics(build_.id, build_.attempt, m); !added.ok()) continue;
       emit("log", {{"phase", "resume"}, {"message", "metrics of attempt " + std::to_string(attempt) +
                                                         " recovered from its log (it ended without writing them)"},
-                   {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
+                   {"recovered_attempt", attempt}, {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
                    {"tokens_generated", m.tokens_generated}});
     }
   }
@@ -189,7 +221,7 @@ class BuildRun {
     bool resumed = build_.attempt > 1 && try_resume(resume_note);
     if (!resumed) {
       std::error_code ec;
-      fs::remove_all(workspace_, ec);
+      tools::remove_tree(workspace_);
       fs::create_directories(options_.workspace_root, ec);
       auto clone = tools::git_clone_workspace(build_.spec.repo, build_.spec.ref, workspace_, std::to_string(build_.id));
       if (!clone.ok()) return "clone of " + build_.spec.repo + " failed: " + clone.error;
@@ -211,6 +243,25 @@ class BuildRun {
       note = "attempt " + std::to_string(build_.attempt) + ": an earlier attempt was interrupted and its work is lost; "
              "you start from a fresh checkout";
       return false;
+    }
+    remove_stale_index_lock("resume");
+    if (fs::exists(verify_marker())) {
+      // The agent phase ended (submitted, committed) before the crash, so what is in the tree
+      // beyond HEAD is verify's output: dropped, never committed.
+      auto cleaned = tools::git_reset_clean(workspace_);
+      if (!cleaned.ok()) {
+        emit("log", {{"phase", "resume"}, {"from", "scratch"}, {"attempt", build_.attempt},
+                     {"message", "attempt " + previous + " was interrupted during verify and its workspace cannot be "
+                                 "reset (" + cleaned.error + "); restarting from scratch"}});
+        note = "attempt " + std::to_string(build_.attempt) + ": an earlier attempt was interrupted and its work is lost; "
+               "you start from a fresh checkout";
+        return false;
+      }
+      verify_pending_ = true;
+      emit("log", {{"phase", "resume"}, {"from", "verify"}, {"attempt", build_.attempt}, {"removed", cleaned.value},
+                   {"message", "attempt " + previous + " was interrupted during verify; its committed change is verified "
+                               "again (the agent phase is not repeated)"}});
+      return true;
     }
     // Against the base, not HEAD: an attempt that got as far as committing left a clean tree.
     size_t changed = 0;
@@ -287,50 +338,109 @@ class BuildRun {
     return {BuildStatus::succeeded, OutcomeReason::verified, "verify passed: " + command};
   }
 
+  std::string bounded_diff(std::string diff) const {
+    if (diff.size() <= kMaxStoredDiffBytes) return diff;
+    // The commit keeps the whole change; the stored copy (API, web page, every build list read)
+    // stays bounded when a build generates megabytes of files.
+    size_t cut = diff.rfind('\n', kMaxStoredDiffBytes);
+    cut = cut == std::string::npos ? kMaxStoredDiffBytes : cut + 1;
+    const size_t total = diff.size();
+    diff.resize(cut);
+    diff += "[kiln: diff cut at " + std::to_string(cut) + " of " + std::to_string(total) +
+            " bytes; the whole change is on branch " + branch_ + " of " + results_repo_.string() + " (git fetch " +
+            results_repo_.string() + " " + branch_ + ")]\n";
+    return diff;
+  }
+
+  // kiln is the only writer of the workspace's .git (the sandbox mounts it read-only), so an
+  // index.lock there was left by a kiln that died mid-write: it would fail every later commit.
+  void remove_stale_index_lock(const char* phase) {
+    std::error_code ec;
+    if (fs::remove(workspace_ / ".git" / "index.lock", ec))
+      emit("log", {{"phase", phase}, {"message", "removed a stale .git/index.lock left by an interrupted kiln"}});
+  }
+
   // Commits the workspace on kiln/<id>; the diff against the base is stored with the outcome.
-  std::string commit_changes() {
+  // Sets `commit` (empty when nothing changed); returns the cause when the change could not be
+  // committed.
+  std::optional<std::string> commit_changes(std::string& commit) {
     status("commit", {{"branch", branch_}});
     auto diff = tools::git_diff(workspace_);
     if (!diff.ok()) {
       emit("error", {{"phase", "commit"}, {"message", "diff failed: " + diff.error}});
-      return "";
+      return "commit failed: cannot diff the workspace: " + diff.error;
     }
-    diff_ = diff.value;
-    if (diff_.size() > kMaxStoredDiffBytes) {
-      // The commit keeps the whole change; the stored copy (API, web page, every build list read)
-      // stays bounded when a build generates megabytes of files.
-      size_t cut = diff_.rfind('\n', kMaxStoredDiffBytes);
-      cut = cut == std::string::npos ? kMaxStoredDiffBytes : cut + 1;
-      const size_t total = diff_.size();
-      diff_.resize(cut);
-      diff_ += "[kiln: diff cut at " + std::to_string(cut) + " of " + std::to_string(total) +
-               " bytes; the whole change is on branch " + branch_ + "]\n";
-    }
+    diff_ = bounded_diff(std::move(diff.value));
     if (diff_.empty()) {
       emit("log", {{"phase", "commit"}, {"message", "no changes to commit"}});
-      return "";
+      return std::nullopt;
     }
+    remove_stale_index_lock("commit");
     if (auto pending = tools::git_status(workspace_); pending.ok() && pending.value.empty()) {
       // Differs from the base, nothing to commit: an earlier attempt committed before it was cut off.
       auto head = tools::git_head_commit(workspace_);
       if (!head.ok()) {
         emit("error", {{"phase", "commit"}, {"message", "head commit: " + head.error}});
-        return "";
+        return "commit failed: " + head.error;
       }
       emit("log", {{"phase", "commit"}, {"commit", head.value}, {"branch", branch_}, {"diff_bytes", diff_.size()},
                    {"message", "already committed by an earlier attempt"}});
-      return head.value;
+      commit = head.value;
+      return std::nullopt;
     }
-    auto commit = tools::git_commit_all(workspace_, build_.spec.task);
-    if (!commit.ok()) {
-      emit("error", {{"phase", "commit"}, {"message", "commit failed: " + commit.error}});
-      return "";
+    std::vector<std::string> nested;
+    auto committed = tools::git_commit_all(workspace_, build_.spec.task, &nested);
+    if (!nested.empty()) {
+      emit("log", {{"phase", "commit"}, {"skipped", nested},
+                   {"message", "not committed: directories holding their own git repository (a `git init` or a "
+                               "fixture repository inside the tree)"}});
     }
-    emit("log", {{"phase", "commit"}, {"commit", commit.value}, {"branch", branch_}, {"diff_bytes", diff_.size()}});
-    return commit.value;
+    if (!committed.ok() && !nested.empty() && committed.error.find("nothing to commit") != std::string::npos) {
+      // Only nested repositories changed: the branch stays where it was.
+      auto head = tools::git_head_commit(workspace_);
+      if (head.ok() && head.value != base_commit_) commit = head.value;
+      return std::nullopt;
+    }
+    if (!committed.ok()) {
+      emit("error", {{"phase", "commit"}, {"message", "commit failed: " + committed.error}});
+      return "commit failed: " + committed.error;
+    }
+    emit("log", {{"phase", "commit"}, {"commit", committed.value}, {"branch", branch_}, {"diff_bytes", diff_.size()}});
+    commit = committed.value;
+    return std::nullopt;
+  }
+
+  // The workspace is removed when the build finishes: kiln/<id> is pushed into the results
+  // repository under var, where it stays fetchable. Returns the cause when it could not be.
+  std::optional<std::string> publish() {
+    static std::mutex results_mu;  // one push at a time: the first one creates the repository
+    std::lock_guard lock(results_mu);
+    auto pushed = tools::git_push_branch(workspace_, branch_, results_repo_);
+    if (!pushed.ok()) {
+      keep_workspace_ = true;  // the only copy of the branch
+      emit("error", {{"phase", "commit"}, {"message", "push to the results repository failed: " + pushed.error}});
+      return "the result branch " + branch_ + " could not be saved: " + pushed.error;
+    }
+    published_ = pushed.value;
+    return std::nullopt;
+  }
+
+  fs::path verify_marker() const { return workspace_ / ".git" / "kiln-verify-pending"; }
+  // Written after the commit, before verify runs: a later attempt then knows that what the tree
+  // holds beyond HEAD is verify's output (inside .git, which commands cannot write).
+  bool mark_verify_pending() {
+    std::ofstream out(verify_marker());
+    out << "agent phase over; the change is committed; verify runs next\n";
+    return static_cast<bool>(out.flush());
   }
 
   BuildReport finish(const Outcome& outcome) {
+    if (!published_.empty()) {
+      emit("log", {{"phase", "result"}, {"branch", branch_}, {"commit", published_},
+                   {"results_repo", results_repo_.string()},
+                   {"fetch", "git fetch " + results_repo_.string() + " " + branch_},
+                   {"message", "the result branch is kept in the results repository"}});
+    }
     metrics_.seconds_wall = seconds_since(started_);
     emit("metric", Json::parse(store::to_json(metrics_)));
     if (auto added = store_.add_metrics(build_.id, build_.attempt, metrics_); !added.ok())
@@ -345,22 +455,33 @@ class BuildRun {
     auto finished = store_.finish(build_.id, build_.attempt, request);
     BuildReport report{finished.ok(), outcome.status, outcome.reason, outcome.message, ""};
     if (!finished.ok()) report.message = "finish not written: " + finished.error().message;
-    if (finished.ok() && !options_.keep_workspaces) {
-      std::error_code ec;
-      fs::remove_all(workspace_, ec);
+    if (!published_.empty()) report.results_repo = results_repo_.string();
+    if (finished.ok() && !options_.keep_workspaces && !keep_workspace_) {
+      std::string error;
+      if (!tools::remove_tree(workspace_, &error))
+        std::cerr << "level=warn component=agent build=" << build_.id << " msg=\"workspace not removed\" error=\""
+                  << error << "\"\n";
     }
     return report;
   }
 
-  // Lease lost or shutting down: write nothing more; keep the workspace for a later attempt.
+  // Lease lost or shutting down: no outcome; keep the workspace for a later attempt.
   // Stopped without an outcome (shutdown, lost lease): the build goes back to the queue. What this
   // attempt spent is added to the build's metrics while the lease still holds (after a lost lease
   // the store's fence refuses it), so a resumed build's totals include the interrupted attempt.
-  // The totals event marks them as recorded (see recover_lost_attempt_metrics).
+  // The totals event marks them as recorded (see recover_lost_attempt_metrics). On shutdown the
+  // attempt is handed back at once (store release, fenced): the build is queued again now, not
+  // when its lease expires, and a restart does not use up one of its attempts.
   BuildReport abandoned(std::string message) {
     metrics_.seconds_wall = seconds_since(started_);
     emit("metric", Json::parse(store::to_json(metrics_)));
     (void)store_.add_metrics(build_.id, build_.attempt, metrics_);
+    if (stop_.cause() == StopCause::shutdown) {
+      if (auto released = store_.release(build_.id, build_.attempt); !released.ok())
+        message += " (not handed back: " + released.error().message + "; its lease will expire)";
+      else
+        message += " (handed back to the queue)";
+    }
     BuildReport report;
     report.message = std::move(message);
     return report;
@@ -382,14 +503,52 @@ class BuildRun {
   StoreEventSink events_;
   const fs::path workspace_;
   const std::string branch_;
+  const fs::path results_repo_;
   sandbox::Policy policy_;
   const Clock::time_point started_ = Clock::now();
   std::string base_commit_;
   std::string diff_;
+  std::string published_;        // the commit pushed to the results repository
+  bool keep_workspace_ = false;  // it holds the only copy of the result
+  bool verify_pending_ = false;  // resumed after the agent phase: only verify runs
   store::BuildMetrics metrics_;
 };
 
 }  // namespace
+
+int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace_root) {
+  int removed = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(workspace_root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("build-", 0) != 0) continue;
+    int64_t id = 0;
+    try {
+      size_t used = 0;
+      id = std::stoll(name.substr(6), &used);
+      if (used != name.size() - 6) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    auto build = store.get(id, /*include_diff=*/false);
+    // Queued or running builds may resume from theirs; a store error says nothing: kept.
+    bool unknown = !build.ok() && build.error().code == store::ErrorCode::not_found;
+    if (!unknown && (!build.ok() || !store::is_terminal(build->status))) continue;
+    std::string error;
+    if (tools::remove_tree(it->path(), &error)) {
+      ++removed;
+    } else {
+      std::cerr << "level=warn component=agent msg=\"workspace not removed\" path=\"" << it->path().string()
+                << "\" error=\"" << error << "\"\n";
+    }
+  }
+  return removed;
+}
+
+std::filesystem::path results_repository(const WorkerOptions& options) {
+  if (!options.results_repo.empty()) return options.results_repo;
+  return options.workspace_root.parent_path() / "results.git";
+}
 
 BuildReport run_build(store::Store& store, const store::Build& build, const WorkerOptions& options,
                       const ModelProvider& models, StopSignal& stop) {

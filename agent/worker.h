@@ -11,7 +11,11 @@
 // verify (queue is the store's). Resume: a build claimed again after an interrupted attempt
 // says so in a `log` event, and continues from the workspace the earlier attempt left when it is
 // still there (the model is told), otherwise starts from scratch and says that instead.
-// A lost lease or a shutdown writes nothing more: the store (fencing, recovery) owns the build.
+// A lost lease writes nothing more: the store (fencing, recovery) owns the build. A shutdown
+// hands the attempt back (Store::release): queued again at once, not counted as a failed attempt.
+// After the commit, kiln/<id> is pushed into the results repository (results_repository()), the
+// only copy once the workspace is removed; a build that was interrupted during verify re-runs
+// only verify on the committed tree (verify's leftovers are removed first).
 // Threading: run_build runs on the calling worker thread; it starts one heartbeat thread.
 #pragma once
 
@@ -39,6 +43,9 @@ using ModelProvider =
 
 struct WorkerOptions {
   std::filesystem::path workspace_root = "var/workspaces";  // one directory per build under it
+  // Bare repository every build's kiln/<id> is pushed into (created on first use), so the result
+  // outlives the workspace; empty = results.git next to workspace_root (<var_dir>/results.git).
+  std::filesystem::path results_repo;
   bool keep_workspaces = false;          // keep finished workspaces (debugging)
   int64_t lease_ms = 30'000;
   std::chrono::milliseconds heartbeat_interval{2'000};
@@ -59,7 +66,16 @@ struct BuildReport {
   store::OutcomeReason reason = store::OutcomeReason::infra_error;
   std::string message;
   std::string commit;  // the commit on kiln/<id>, when there were changes
+  std::string results_repo;  // where kiln/<id> was pushed (`git fetch <results_repo> kiln/<id>`)
 };
+
+// Removes the workspaces (build-<id> under workspace_root) of builds that ended (recovery gave
+// them up or cancelled them, a cancel while queued after an interrupted attempt, a crash between
+// finish and cleanup) or that the store does not know. Returns how many it removed.
+int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace_root);
+
+// The bare repository the result branches go to (WorkerOptions::results_repo or its default).
+std::filesystem::path results_repository(const WorkerOptions& options);
 
 // Process-wide counts of sandbox failures in builds (tool commands and verify), by reason, for
 // /metrics. Reasons (sandbox_failure_reason):

@@ -22,6 +22,7 @@ void WorkerPool::start() {
               << probe.to_text();
   }
   stopping_ = false;
+  maybe_sweep();
   for (int i = 0; i < workers_; ++i) threads_.emplace_back([this, i] { work(i); });
 }
 
@@ -35,12 +36,24 @@ void WorkerPool::stop() {
   threads_.clear();
 }
 
+void WorkerPool::maybe_sweep() {
+  if (options_.keep_workspaces) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  int64_t due = next_sweep_ms_.load();
+  // One worker sweeps; the others see the moved deadline.
+  if (now < due || !next_sweep_ms_.compare_exchange_strong(due, now + 60'000)) return;
+  if (int removed = sweep_workspaces(store_, options_.workspace_root); removed > 0)
+    std::cerr << "level=info component=agent msg=\"removed workspaces of ended builds\" count=" << removed << "\n";
+}
+
 void WorkerPool::work(int index) {
   store::ClaimRequest request;
   request.owner = options_.owner + "/worker-" + std::to_string(index);
   request.lease_ms = options_.lease_ms;
   request.models = options_.models;
   while (!stopping_) {
+    maybe_sweep();  // builds recovery ended (or a crash left) may have left workspaces
     // Short waits so stop() is seen promptly without touching the store's shared wake-ups.
     auto claimed = store_.claim_wait(request, std::chrono::milliseconds(250));
     if (!claimed.ok()) {

@@ -2,8 +2,10 @@
 // it through run_build (worker.h). The server starts one from `kiln serve`:
 //
 //   WorkerPool pool(options, store, provider, workers);   // workers: default = engine session slots
-//   pool.start();  ...  pool.stop();                       // stop(): running builds are abandoned,
-//                                                          // their leases expire, recovery requeues
+//   pool.start();  ...  pool.stop();                       // stop(): running builds are handed
+//                                                          // back to the queue (Store::release)
+// Workspaces of ended builds are swept at start() and then about once a minute (sweep_workspaces),
+// unless options.keep_workspaces.
 // State list: constructed → start() → running → stop() → stopped (the destructor stops).
 // Threading: start/stop from one owning thread. Each worker thread owns its claimed build and
 // its StopSignal; stop() only sets those signals (through the mutex-guarded registry) and joins.
@@ -46,6 +48,8 @@ class WorkerPool {
   std::vector<std::thread> threads_;
   std::mutex mutex_;
   std::set<StopSignal*> running_;  // guarded by mutex_: the signals of builds being carried
+  std::atomic<int64_t> next_sweep_ms_{0};  // steady-clock ms of the next workspace sweep
+  void maybe_sweep();
 };
 
 }  // namespace kiln::agent

@@ -84,6 +84,9 @@ CREATE TABLE build_metrics (
 INSERT INTO build_metrics(build_id) SELECT id FROM builds;
 CREATE INDEX builds_task_model ON builds(task_key, model, finished_ms);
 )sql"},
+    {3, "attempts handed back at shutdown (not counted toward max_attempts)", R"sql(
+ALTER TABLE builds ADD COLUMN released INTEGER NOT NULL DEFAULT 0 CHECK (released >= 0);
+)sql"},
 };
 
 }  // namespace

@@ -282,6 +282,27 @@ Result<CancelReply> Store::cancel(int64_t build_id) {
   });
 }
 
+Result<Build> Store::release(int64_t build_id, int attempt) {
+  return impl_->write([&](Db& db) -> Result<Build> {
+    int64_t now = impl_->now_ms();
+    Result<WriteTxn> txn = WriteTxn::begin(db);
+    if (!txn) return txn.error();
+    {
+      Result<Query> q = db.query(
+          "UPDATE builds SET "
+          "status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, "
+          "outcome = CASE WHEN cancel_requested THEN 'cancelled' ELSE NULL END, "
+          "finished_ms = CASE WHEN cancel_requested THEN ?1 ELSE NULL END, "
+          "queued_ms = ?1, released = released + 1, lease_owner = NULL, lease_expires_ms = NULL "
+          "WHERE id = ?2 AND attempt = ?3 AND status = 'running'");
+      if (!q) return q.error();
+      if (Status s = q->bind(1, now).bind(2, build_id).bind(3, attempt).run(); !s) return s.error();
+    }
+    if (db.changes() == 0) return detail::fence_error(db, build_id, attempt, "release");
+    return commit_transition(*impl_, db, *txn, build_id, now);
+  });
+}
+
 Result<RecoveryReport> Store::recover() {
   return impl_->write([&](Db& db) -> Result<RecoveryReport> {
     int64_t now = impl_->now_ms();
@@ -295,7 +316,7 @@ Result<RecoveryReport> Store::recover() {
     std::vector<Expired> expired;
     {
       Result<Query> q = db.query(
-          "SELECT id, attempt, cancel_requested FROM builds "
+          "SELECT id, attempt - released, cancel_requested FROM builds "
           "WHERE status = 'running' AND lease_expires_ms < ? ORDER BY id");
       if (!q) return q.error();
       q->bind(1, now);
@@ -319,7 +340,7 @@ Result<RecoveryReport> Store::recover() {
         sql =
             "UPDATE builds SET status = 'error', outcome = 'infra_error', "
             "finished_ms = ?1, lease_owner = NULL, lease_expires_ms = NULL, "
-            "error_message = 'lease expired on ' || attempt || ' attempts; giving up' "
+            "error_message = 'lease expired on ' || (attempt - released) || ' attempts; giving up' "
             "WHERE id = ?2";
         ++report.errored;
       } else {

@@ -10,6 +10,8 @@
 //   running  --cancel()--------> running with cancel_requested (worker sees it at heartbeat)
 //   running  --recover()-------> queued, or error/infra_error after max_attempts,
 //                                or cancelled when a cancel was requested   (lease expired)
+//   running  --release()-------> queued (a worker shutting down hands its attempt back; fenced,
+//                                not counted toward max_attempts), or cancelled when one was requested
 // Every transition appends a `status` event to the build's event log in the same transaction.
 //
 // Fencing: heartbeat, finish, append_event and add_metrics take the attempt number the worker
@@ -333,6 +335,7 @@ struct StoreOptions {
   std::string path = "var/kiln.db";  // its parent directory is created if missing
   int busy_timeout_ms = 5'000;
   int max_attempts = 3;  // recover() moves a build whose lease expired this many times to error
+                         // (attempts handed back by release() at shutdown are not counted)
   // Models a build may name; nullopt = any model name is accepted.
   std::optional<std::set<std::string>> allowed_models;
   bool recover_on_open = true;  // run recover() once when opening
@@ -368,7 +371,12 @@ class Store {
   Result<Build> finish(int64_t build_id, int attempt, const FinishRequest& request);
   Result<CancelReply> cancel(int64_t build_id);
   // Handles builds whose lease expired (see the state list at the top). Safe to run any time.
+  // Attempts handed back by release() do not count toward max_attempts.
   Result<RecoveryReport> recover();
+  // A worker shutting down gives its running attempt back at once (fenced by attempt): the build
+  // is queued again (cancelled if a cancel was requested) without waiting for its lease to expire,
+  // and the attempt does not count toward max_attempts.
+  Result<Build> release(int64_t build_id, int attempt);
 
   // Appends one event with the next seq (fenced by attempt); returns the seq. The payload must
   // be valid JSON ("payload" field error otherwise).

@@ -4,6 +4,8 @@
 
 #include <git2.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -30,6 +32,8 @@ using Diff = Owned<::git_diff, git_diff_free>;
 using Config = Owned<git_config, git_config_free>;
 using StatusList = Owned<git_status_list, git_status_list_free>;
 using Signature = Owned<git_signature, git_signature_free>;
+using Remote = Owned<git_remote, git_remote_free>;
+using BranchIterator = Owned<git_branch_iterator, git_branch_iterator_free>;
 
 void init_once() {
   static std::once_flag once;
@@ -89,6 +93,32 @@ Commit resolve_commit(git_repository* repo, const std::string& ref, std::string&
   return nullptr;
 }
 
+int collect_submodule(git_submodule*, const char* name, void* payload) {
+  static_cast<std::vector<std::string>*>(payload)->push_back(name);
+  return 0;
+}
+
+// Initialises and checks out every submodule of the checked-out tree at its recorded commit (a
+// relative URL resolves against the source, origin). Without them the tree the agent and verify
+// see is missing code. Returns "" or the cause.
+std::string update_submodules(git_repository* repo) {
+  std::vector<std::string> names;
+  if (git_submodule_foreach(repo, collect_submodule, &names) != 0) return why("cannot read .gitmodules");
+  for (const std::string& name : names) {
+    git_submodule* raw = nullptr;
+    if (git_submodule_lookup(&raw, repo, name.c_str()) != 0) return why("submodule " + name);
+    Owned<git_submodule, git_submodule_free> sub(raw);
+    git_submodule_update_options options = GIT_SUBMODULE_UPDATE_OPTIONS_INIT;
+    options.checkout_opts.checkout_strategy = GIT_CHECKOUT_FORCE;
+    if (git_submodule_update(sub.get(), /*init=*/1, &options) != 0) {
+      const char* url = git_submodule_url(sub.get());
+      return why("cannot check out submodule " + std::string(git_submodule_path(sub.get())) + " from " +
+                 (url != nullptr ? url : "?"));
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref, const fs::path& dest,
@@ -108,29 +138,68 @@ GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::
   }
   std::string url = source;
   if (fs::exists(source, ec)) url = fs::absolute(source).string();  // a local path
+  {
+    // A shallow source lacks the history below its cut: a clone of it is broken (libgit2 does
+    // not carry .git/shallow over). Refused here with the cause rather than half-cloned.
+    fs::path local = url.rfind("file://", 0) == 0 ? fs::path(url.substr(7)) : fs::path(url);
+    if (fs::exists(local / ".git" / "shallow", ec) || fs::exists(local / "shallow", ec)) {
+      out.error = "cannot clone " + source + ": it is a shallow repository (cloned with --depth), so its history is "
+                  "incomplete; give the full repository, or run `git fetch --unshallow` in it first";
+      return out;
+    }
+  }
   git_clone_options options = GIT_CLONE_OPTIONS_INIT;
   options.checkout_opts.checkout_strategy = GIT_CHECKOUT_NONE;  // checked out below, at `ref`
+  // Never copy or hard-link a local source's objects directory: one with alternates (`--shared`,
+  // `--reference`) would leave a pointer to a host path the sandbox cannot see. Fetching packs a
+  // self-contained copy.
+  options.local = GIT_CLONE_NO_LOCAL;
   git_repository* raw = nullptr;
   if (git_clone(&raw, url.c_str(), dest.c_str(), &options) != 0) return failure<CloneInfo>("cannot clone " + source);
   Repo repo(raw);
   std::string error;
   Commit commit = resolve_commit(repo.get(), ref, error);
   if (!commit) {
-    out.error = error + " (" + source + ")";
+    git_strarray refs = {nullptr, 0};
+    bool empty = git_reference_list(&refs, repo.get()) == 0 && refs.count == 0;
+    git_strarray_dispose(&refs);
+    out.error = empty ? "repository " + source + " is empty (it has no commits); there is nothing to build on"
+                      : error + " (" + source + ")";
     return out;
+  }
+  git_checkout_options checkout = GIT_CHECKOUT_OPTIONS_INIT;
+  checkout.checkout_strategy = GIT_CHECKOUT_FORCE;
+  if (git_checkout_tree(repo.get(), reinterpret_cast<git_object*>(commit.get()), &checkout) != 0) {
+    return failure<CloneInfo>("cannot check out " + (ref.empty() ? std::string("HEAD") : ref));
+  }
+  // The clone made a local branch for the source's default branch; one named `kiln` or `kiln/<id>`
+  // would collide with refs/heads/kiln/<id>. The build needs no local branch but its own, so HEAD
+  // is detached and every other local branch deleted (the remote-tracking refs stay).
+  if (git_repository_set_head_detached(repo.get(), git_commit_id(commit.get())) != 0) {
+    return failure<CloneInfo>("cannot detach HEAD of " + dest.string());
+  }
+  {
+    git_branch_iterator* it_raw = nullptr;
+    if (git_branch_iterator_new(&it_raw, repo.get(), GIT_BRANCH_LOCAL) != 0) return failure<CloneInfo>("cannot list branches");
+    BranchIterator it(it_raw);
+    git_reference* local = nullptr;
+    git_branch_t type;
+    while (git_branch_next(&local, &type, it.get()) == 0) {
+      Reference owned_local(local);
+      if (git_branch_delete(local) != 0) return failure<CloneInfo>("cannot delete clone-local branch " + std::string(git_reference_name(local)));
+    }
   }
   git_reference* branch_raw = nullptr;
   if (git_branch_create(&branch_raw, repo.get(), branch.c_str(), commit.get(), 0) != 0) {
     return failure<CloneInfo>("cannot create branch " + branch);
   }
   Reference branch_ref(branch_raw);
-  git_checkout_options checkout = GIT_CHECKOUT_OPTIONS_INIT;
-  checkout.checkout_strategy = GIT_CHECKOUT_FORCE;
-  if (git_checkout_tree(repo.get(), reinterpret_cast<git_object*>(commit.get()), &checkout) != 0) {
-    return failure<CloneInfo>("cannot check out " + (ref.empty() ? std::string("HEAD") : ref));
-  }
   if (git_repository_set_head(repo.get(), ("refs/heads/" + branch).c_str()) != 0) {
     return failure<CloneInfo>("cannot switch HEAD to " + branch);
+  }
+  if (std::string error = update_submodules(repo.get()); !error.empty()) {
+    out.error = error + " (" + source + ")";
+    return out;
   }
   std::string base = hex(git_commit_id(commit.get()));
   git_config* cfg_raw = nullptr;
@@ -195,7 +264,10 @@ GitOutcome<std::string> git_diff(const fs::path& workspace, const std::string& b
   if (git_object_peel(&tree_raw, obj, GIT_OBJECT_TREE) != 0) return failure<std::string>("base " + base + " has no tree");
   Tree tree(reinterpret_cast<git_tree*>(tree_raw));
   git_diff_options options = GIT_DIFF_OPTIONS_INIT;
-  options.flags = GIT_DIFF_INCLUDE_UNTRACKED | GIT_DIFF_RECURSE_UNTRACKED_DIRS | GIT_DIFF_SHOW_UNTRACKED_CONTENT;
+  // SHOW_BINARY: a binary change is kept as a git binary patch (applies with `git apply`), not
+  // reduced to "Binary files differ".
+  options.flags = GIT_DIFF_INCLUDE_UNTRACKED | GIT_DIFF_RECURSE_UNTRACKED_DIRS | GIT_DIFF_SHOW_UNTRACKED_CONTENT |
+                  GIT_DIFF_SHOW_BINARY;
   ::git_diff* diff_raw = nullptr;
   if (git_diff_tree_to_workdir_with_index(&diff_raw, repo.get(), tree.get(), &options) != 0) {
     return failure<std::string>("cannot diff " + workspace.string() + " against " + base);
@@ -208,7 +280,29 @@ GitOutcome<std::string> git_diff(const fs::path& workspace, const std::string& b
   return out;
 }
 
-GitOutcome<std::string> git_commit_all(const fs::path& workspace, const std::string& message) {
+namespace {
+struct AddAllScan {
+  fs::path root;
+  std::vector<std::string>* nested = nullptr;
+};
+
+// git_index_add_all callback: a directory holding its own repository (the agent's `git init`, a
+// test fixture) cannot be staged ("invalid path 'dir/'") and is not part of this repository's
+// change: skipped (> 0) and named, so the rest is committed.
+int skip_nested_repositories(const char* path, const char*, void* payload) {
+  auto* scan = static_cast<AddAllScan*>(payload);
+  std::string p = path;
+  std::error_code ec;
+  fs::path dir = scan->root / (p.empty() || p.back() != '/' ? p : p.substr(0, p.size() - 1));
+  if (!(p.empty() || p.back() == '/') && !fs::is_directory(fs::symlink_status(dir, ec))) return 0;
+  if (!fs::exists(fs::symlink_status(dir / ".git", ec))) return 0;
+  if (scan->nested != nullptr) scan->nested->push_back(p.empty() || p.back() == '/' ? p : p + "/");
+  return 1;
+}
+}  // namespace
+
+GitOutcome<std::string> git_commit_all(const fs::path& workspace, const std::string& message,
+                                       std::vector<std::string>* nested_repos) {
   GitOutcome<std::string> out;
   if (message.empty()) {
     out.error = "commit message is empty";
@@ -222,7 +316,11 @@ GitOutcome<std::string> git_commit_all(const fs::path& workspace, const std::str
   char star[] = "*";
   char* patterns[] = {star};
   git_strarray all = {patterns, 1};
-  if (git_index_add_all(index.get(), &all, GIT_INDEX_ADD_DEFAULT, nullptr, nullptr) != 0 ||
+  std::vector<std::string> nested;
+  AddAllScan scan{workspace, &nested};
+  int added = git_index_add_all(index.get(), &all, GIT_INDEX_ADD_DEFAULT, skip_nested_repositories, &scan);
+  if (nested_repos != nullptr) *nested_repos = nested;
+  if (added != 0 ||
       git_index_update_all(index.get(), &all, nullptr, nullptr) != 0 || git_index_write(index.get()) != 0) {
     return failure<std::string>("cannot stage changes in " + workspace.string());
   }
@@ -272,6 +370,84 @@ GitOutcome<std::string> git_current_branch(const fs::path& workspace) {
   if (git_branch_name(&name, head) != 0) return failure<std::string>("HEAD of " + workspace.string() + " is not a branch");
   out.value = name;
   return out;
+}
+
+GitOutcome<std::string> git_push_branch(const fs::path& workspace, const std::string& branch, const fs::path& bare_repo) {
+  GitOutcome<std::string> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  std::error_code ec;
+  fs::create_directories(bare_repo.parent_path(), ec);
+  git_repository* bare_raw = nullptr;
+  // Opens an existing one too (re-init keeps what is there).
+  if (git_repository_init(&bare_raw, bare_repo.c_str(), /*is_bare=*/1) != 0)
+    return failure<std::string>("cannot create the results repository " + bare_repo.string());
+  Repo bare(bare_raw);
+  git_remote* remote_raw = nullptr;
+  if (git_remote_create_anonymous(&remote_raw, repo.get(), bare_repo.c_str()) != 0)
+    return failure<std::string>("cannot open " + bare_repo.string() + " as a remote");
+  Remote remote(remote_raw);
+  // Forced: a resumed build pushes its own branch again.
+  std::string spec = "+refs/heads/" + branch + ":refs/heads/" + branch;
+  char* specs[] = {spec.data()};
+  git_strarray refspecs = {specs, 1};
+  git_push_options options = GIT_PUSH_OPTIONS_INIT;
+  if (git_remote_push(remote.get(), &refspecs, &options) != 0)
+    return failure<std::string>("cannot push " + branch + " to " + bare_repo.string());
+  git_oid id;
+  if (git_reference_name_to_id(&id, bare.get(), ("refs/heads/" + branch).c_str()) != 0)
+    return failure<std::string>(branch + " is missing in " + bare_repo.string() + " after the push");
+  out.value = hex(&id);
+  return out;
+}
+
+GitOutcome<std::vector<std::string>> git_reset_clean(const fs::path& workspace) {
+  GitOutcome<std::vector<std::string>> out;
+  Repo repo = open_repo(workspace, out.error);
+  if (!repo) return out;
+  git_object* head = nullptr;
+  if (git_revparse_single(&head, repo.get(), "HEAD^{commit}") != 0) return failure<std::vector<std::string>>("HEAD of " + workspace.string());
+  Object owned(head);
+  git_checkout_options checkout = GIT_CHECKOUT_OPTIONS_INIT;
+  checkout.checkout_strategy = GIT_CHECKOUT_FORCE;
+  if (git_reset(repo.get(), head, GIT_RESET_HARD, &checkout) != 0) return failure<std::vector<std::string>>("cannot reset " + workspace.string() + " to HEAD");
+  git_status_options options = GIT_STATUS_OPTIONS_INIT;
+  options.show = GIT_STATUS_SHOW_WORKDIR_ONLY;
+  options.flags = GIT_STATUS_OPT_INCLUDE_UNTRACKED;  // an untracked directory comes as one entry
+  git_status_list* raw = nullptr;
+  if (git_status_list_new(&raw, repo.get(), &options) != 0) return failure<std::vector<std::string>>("cannot read status of " + workspace.string());
+  StatusList list(raw);
+  for (std::size_t i = 0; i < git_status_list_entrycount(list.get()); ++i) {
+    const git_status_entry* e = git_status_byindex(list.get(), i);
+    if (!(e->status & GIT_STATUS_WT_NEW) || e->index_to_workdir == nullptr) continue;
+    std::string path = e->index_to_workdir->new_file.path;
+    std::string error;
+    if (!remove_tree(workspace / path, &error)) {
+      out.error = "cannot remove " + path + " from " + workspace.string() + ": " + error;
+      return out;
+    }
+    out.value.push_back(path);
+  }
+  return out;
+}
+
+bool remove_tree(const fs::path& path, std::string* error) {
+  std::error_code ec;
+  // A command may leave directories without write (or search) permission; as a non-root kiln
+  // remove_all would then fail on their entries. Owner rwx on every directory first.
+  auto status = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(status)) return true;
+  if (fs::is_directory(status)) {
+    ::chmod(path.c_str(), 0700);
+    for (auto it = fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) ::chmod(it->path().c_str(), 0700);
+    }
+    ec.clear();
+  }
+  fs::remove_all(path, ec);
+  if (ec && error != nullptr) *error = ec.message();
+  return !ec;
 }
 
 }  // namespace kiln::tools

@@ -27,9 +27,12 @@ struct CloneInfo {
 
 // Clones `source` (URL or local path) into `dest` (must not exist or be empty), resolves `ref`
 // (branch, tag, or commit; empty = the remote's HEAD), creates and checks out branch
-// kiln/<build_id> at it, records the base commit in the repository config (kiln.base), and writes
+// kiln/<build_id> at it (the only local branch: the source's default branch gets none, so a
+// source branch named `kiln` cannot collide), records the base commit in the repository config (kiln.base), and writes
 // `.kiln/` into .git/info/exclude so kiln's own files (saved outputs, $HOME) stay out of diffs and
-// commits.
+// commits. The clone is self-contained (objects fetched, never an alternates link to the
+// source); a shallow local source is refused, an empty one is named as such. Submodules are
+// checked out at their recorded commits (relative URLs against the source), or the clone fails.
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
                                           const std::filesystem::path& dest, const std::string& build_id);
 
@@ -46,8 +49,24 @@ GitOutcome<std::string> git_diff(const std::filesystem::path& workspace, const s
 
 // Stages every change (additions, modifications, deletions; ignored files excluded) and commits
 // it on HEAD's branch with author and committer `kiln <kiln@localhost>`. Returns the new commit id.
-// With nothing to commit, returns an error saying so.
-GitOutcome<std::string> git_commit_all(const std::filesystem::path& workspace, const std::string& message);
+// With nothing to commit, returns an error saying so. Untracked directories that hold their own
+// repository (a `git init` inside the tree, a fixture repo) cannot be staged: they are skipped
+// and named in *nested_repos ("dir/"), the rest is committed.
+GitOutcome<std::string> git_commit_all(const std::filesystem::path& workspace, const std::string& message,
+                                       std::vector<std::string>* nested_repos = nullptr);
+
+// Pushes refs/heads/<branch> of the workspace (forced) into the bare repository `bare_repo`,
+// created on first use. Returns the pushed commit id.
+GitOutcome<std::string> git_push_branch(const std::filesystem::path& workspace, const std::string& branch,
+                                        const std::filesystem::path& bare_repo);
+
+// Resets index and working tree to HEAD and removes untracked files and directories (ignored
+// ones stay, as `git clean -fd` would). Returns the removed paths.
+GitOutcome<std::vector<std::string>> git_reset_clean(const std::filesystem::path& workspace);
+
+// remove_all that first gives the owner rwx on every directory under `path`, so what a command
+// left read-only does not keep it. True when `path` is gone (or never was); else *error says why.
+bool remove_tree(const std::filesystem::path& path, std::string* error = nullptr);
 
 // The commit HEAD points at, and the current branch's short name.
 GitOutcome<std::string> git_head_commit(const std::filesystem::path& workspace);

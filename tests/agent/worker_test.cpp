@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <thread>
 
 #include "agent/engine_provider.h"
@@ -401,6 +402,220 @@ TEST(BuildPipeline, engine_build_on_a_tiny_model_runs_end_to_end_and_ends_by_a_l
   EXPECT_EQ(turns, 4);
   EXPECT_EQ(prefilled + generated, context);
   EXPECT_EQ(prefilled, stored->metrics.tokens_prefilled);
+}
+
+std::string git_in(const std::filesystem::path& repo, const std::string& args) {
+  return testing::capture("git -c safe.directory='*' -C '" + repo.string() + "' " + args);
+}
+
+// The result branch outlives the workspace: it is pushed into <var>/results.git (next to the
+// workspaces directory) and the final event says where; binary changes are in the stored diff.
+TEST(BuildPipeline, the_result_branch_is_kept_in_the_results_repository) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = fixing_script();
+  script.insert(script.begin(), turn_with(call("bash", Json{{"command", "printf 'a\\000\\001\\377b' > blob.bin"}})));
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  EXPECT_EQ(report.status, BuildStatus::succeeded) << report.message;
+  const std::filesystem::path results = p.dir.path() / "results.git";
+  EXPECT_EQ(report.results_repo, results.string());
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(build.id)));  // removed; the branch is not lost
+  const std::string branch = "kiln/" + std::to_string(build.id);
+  EXPECT_EQ(git_in(results, "rev-parse " + branch), report.commit + "\n");
+  EXPECT_NE(git_in(results, "show " + branch + ":stats.py").find("ordered[middle - 1]"), std::string::npos);
+  auto events = p.events(build.id);
+  EXPECT_LT(find_event(events, 0, "log", "\"results_repo\":\"" + results.string() + "\""), events.size());
+  EXPECT_NE(p.ts.store->get(build.id)->result_diff.value_or("").find("GIT binary patch"), std::string::npos);
+}
+
+// A commit that fails is not a success without a commit: the build ends infra_error naming why.
+TEST(BuildPipeline, a_failed_commit_is_an_infra_error_naming_the_cause) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = fixing_script();
+  script.back().expect = [&](const std::vector<Message>&) {  // break the index before the commit
+    std::filesystem::remove(p.workspace(build.id) / ".git/index");
+    std::filesystem::create_directories(p.workspace(build.id) / ".git/index/x");
+  };
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::error);
+  EXPECT_EQ(stored->outcome, OutcomeReason::infra_error);
+  EXPECT_NE(stored->error_message.value_or("").find("commit failed"), std::string::npos) << stored->error_message.value_or("");
+}
+
+// A kiln killed mid-commit leaves .git/index.lock; kiln is the only writer of .git, so the next
+// commit removes it instead of failing.
+TEST(BuildPipeline, a_stale_index_lock_is_removed_before_committing) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = fixing_script();
+  script.back().expect = [&](const std::vector<Message>&) {
+    std::ofstream(p.workspace(build.id) / ".git/index.lock") << "";
+  };
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  EXPECT_EQ(report.status, BuildStatus::succeeded) << report.message;
+  EXPECT_FALSE(report.commit.empty());
+  auto events = p.events(build.id);
+  EXPECT_LT(find_event(events, 0, "log", "stale .git/index.lock"), events.size());
+}
+
+// The agent ran `git init` in a subdirectory: that directory is skipped (and named), the rest of
+// the change is committed.
+TEST(BuildPipeline, a_nested_repository_is_skipped_and_the_rest_committed) {
+  Pipeline p("stats-py");
+  p.submit("python3 -m unittest -q");
+  auto build = p.claim();
+  StopSignal stop;
+  auto script = fixing_script();
+  script.insert(script.begin(), turn_with(call("bash", Json{{"command", "mkdir tool && cd tool && git init -q && echo x > f"}})));
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(script), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  EXPECT_EQ(report.status, BuildStatus::succeeded) << report.message;
+  ASSERT_FALSE(report.commit.empty());
+  EXPECT_EQ(git_in(p.dir.path() / "results.git", "show --name-only --format= " + report.commit), "stats.py\n");
+  auto events = p.events(build.id);
+  EXPECT_LT(find_event(events, 0, "log", "\"skipped\":[\"tool/\"]"), events.size());
+}
+
+// Attempt 1 submitted, committed, and was stopped while verify ran (verify had written a file).
+// Attempt 2 re-runs only verify, on the committed tree: verify's output is never committed.
+TEST(BuildPipeline, a_build_interrupted_during_verify_reruns_verify_on_the_committed_tree) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  // Fails when an earlier verify's output is still there.
+  p.submit("test ! -e verify-out.txt && touch verify-out.txt && sleep 2 && python3 -m unittest -q");
+  auto first = p.claim();
+  StopSignal stop1;
+  std::thread stopper([&] {
+    for (int i = 0; i < 200 && !std::filesystem::exists(p.workspace(first.id) / "verify-out.txt"); ++i)
+      std::this_thread::sleep_for(50ms);
+    stop1.request(StopCause::shutdown);
+  });
+  BuildReport r1 = run_build(*p.ts.store, first, p.options, scripted(fixing_script()), stop1);
+  stopper.join();
+  ASSERT_FALSE(r1.finished) << r1.message;
+  ASSERT_TRUE(std::filesystem::exists(p.workspace(first.id) / "verify-out.txt"));
+
+  p.ts.clock->fetch_add(10'000);
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  ASSERT_EQ(second.attempt, 2);
+  StopSignal stop2;
+  BuildReport r2 = run_build(*p.ts.store, second, p.options, scripted({}), stop2);  // no model turn
+  ASSERT_TRUE(r2.finished) << r2.message;
+  EXPECT_EQ(r2.status, BuildStatus::succeeded) << r2.message;
+  EXPECT_EQ(r2.reason, OutcomeReason::verified);
+  const std::string branch = "kiln/" + std::to_string(first.id);
+  EXPECT_EQ(git_in(p.dir.path() / "results.git", "ls-tree -r --name-only " + branch).find("verify-out.txt"),
+            std::string::npos);
+  EXPECT_EQ(r2.commit, r1.commit.empty() ? git_in(p.dir.path() / "results.git", "rev-parse " + branch).substr(0, 40) : r1.commit);
+  EXPECT_EQ(p.ts.store->get(first.id)->result_diff.value_or("").find("verify-out.txt"), std::string::npos);
+  auto events = p.events(first.id);
+  EXPECT_LT(find_event(events, 0, "log", "\"from\":\"verify\""), events.size());
+}
+
+// Attempt 2 recovered attempt 1's metrics, then died too: attempt 3 must not add attempt 1 again.
+// A dead attempt's wall time ends at its own last event, not at the requeue recovery wrote later.
+TEST(BuildPipeline, recovered_metrics_are_counted_once_and_exclude_downtime) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.options.lease_ms = 1'000;
+  p.submit(std::nullopt);
+  auto first = p.claim();
+  const std::vector<store::NewEvent> logged = {
+      {"metric", R"({"step":1,"tokens_prefilled":900000,"tokens_reused":0,"tokens_generated":40,"tokens_reasoning":0,"prefill_s":2.5,"decode_s":1.0})"},
+      {"tool_call", R"({"name":"bash","arguments":{"command":"ls"}})"}};
+  ASSERT_TRUE(p.ts.store->append_events(first.id, first.attempt, logged).ok());
+  p.ts.clock->fetch_add(100'000);  // the server is down for 100 s before recovery runs
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto second = p.claim();
+  {
+    StopSignal stop;  // attempt 2 recovers attempt 1, then loses its lease (dies) in its first turn
+    auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "done"}}))};
+    script[0].expect = [&](const std::vector<Message>&) { stop.request(StopCause::lease_lost); };
+    BuildReport r = run_build(*p.ts.store, second, p.options, scripted(script), stop);
+    ASSERT_FALSE(r.finished);
+  }
+  p.ts.clock->fetch_add(10'000);
+  ASSERT_TRUE(p.ts.store->recover().ok());
+  auto third = p.claim();
+  ASSERT_EQ(third.attempt, 3);
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "done"}}))};
+  BuildReport r = run_build(*p.ts.store, third, p.options, scripted(script), stop);
+  ASSERT_TRUE(r.finished) << r.message;
+  auto stored = p.ts.store->get(first.id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_GE(stored->metrics.tokens_prefilled, 900'000);
+  EXPECT_LT(stored->metrics.tokens_prefilled, 1'800'000) << "attempt 1 counted twice";
+  EXPECT_EQ(stored->metrics.tool_calls["bash"], 1);
+  EXPECT_LT(stored->metrics.seconds_wall, 50.0) << "server downtime counted as build time";
+  int recovered = 0;
+  for (const auto& e : p.events(first.id))
+    if (e.kind == "log" && e.payload_json.find("metrics of attempt 1 recovered") != std::string::npos) ++recovered;
+  EXPECT_EQ(recovered, 1);
+}
+
+// A graceful shutdown hands the build back at once; restarts do not use up its attempts (three
+// used to end a healthy build with "lease expired on 3 attempts").
+TEST(BuildPipeline, shutdown_requeues_the_build_at_once_without_using_an_attempt) {
+  Pipeline p("stats-py", /*fake_clock=*/true);
+  p.submit("python3 -m unittest -q");
+  int64_t id = 0;
+  for (int restart = 1; restart <= 3; ++restart) {
+    auto build = p.claim();
+    id = build.id;
+    BuildReport r = fix_then_shut_down(p, build);
+    ASSERT_FALSE(r.finished);
+    auto stored = p.ts.store->get(id);
+    EXPECT_EQ(stored->status, BuildStatus::queued) << "restart " << restart;
+    p.ts.clock->fetch_add(60'000);
+    ASSERT_TRUE(p.ts.store->recover().ok());
+  }
+  auto last = p.claim();
+  EXPECT_EQ(last.attempt, 4);
+  StopSignal stop;
+  auto script = std::vector<ScriptedTurn>{turn_with(call("submit", Json{{"summary", "fixed"}}))};
+  BuildReport r = run_build(*p.ts.store, last, p.options, scripted(script), stop);
+  ASSERT_TRUE(r.finished) << r.message;
+  EXPECT_EQ(r.status, BuildStatus::succeeded) << r.message;
+}
+
+// Workspaces of builds that ended without their worker removing them (given up or cancelled by
+// recovery, cancelled while queued after an interrupted attempt, a crash after finish) and of
+// builds the store does not know are swept; those of queued/running builds stay. Read-only
+// directories a command left do not stop it.
+TEST(BuildPipeline, sweep_removes_workspaces_of_ended_and_unknown_builds) {
+  Pipeline p("stats-py");
+  int64_t cancelled = p.submit(std::nullopt).id;
+  int64_t queued = p.submit(std::nullopt).id;
+  ASSERT_TRUE(p.ts.store->cancel(cancelled).ok());
+  for (int64_t id : {cancelled, queued, int64_t{999}}) {
+    std::filesystem::create_directories(p.workspace(id) / "ro/sub");
+    std::ofstream(p.workspace(id) / "ro/sub/f") << "x";
+    std::filesystem::permissions(p.workspace(id) / "ro", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  }
+  std::filesystem::create_directories(p.options.workspace_root / "not-a-build");
+  EXPECT_EQ(sweep_workspaces(*p.ts.store, p.options.workspace_root), 2);
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(cancelled)));
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(999)));
+  EXPECT_TRUE(std::filesystem::exists(p.workspace(queued)));
+  EXPECT_TRUE(std::filesystem::exists(p.options.workspace_root / "not-a-build"));
+  // The pool sweeps when it starts.
+  ASSERT_TRUE(p.ts.store->cancel(queued).ok());
+  WorkerPool pool(p.options, *p.ts.store, scripted({}), 1);
+  pool.start();
+  pool.stop();
+  EXPECT_FALSE(std::filesystem::exists(p.workspace(queued)));
 }
 
 TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {

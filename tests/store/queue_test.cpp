@@ -254,6 +254,48 @@ TEST(StoreQueue, RecoveryCancelsAnExpiredBuildWhoseCancelWasRequested) {
   EXPECT_EQ(store->get(id)->status, BuildStatus::cancelled);
 }
 
+// A worker shutting down hands its attempt back at once: the build is queued again without
+// waiting for the lease, and restarts do not use up its attempts (three graceful restarts used
+// to end a healthy build with "lease expired on 3 attempts").
+TEST(StoreQueue, ReleaseRequeuesAtOnceAndDoesNotCountTowardMaxAttempts) {
+  TempDir dir;
+  ManualClock clock;
+  auto store = open_store(dir.file("kiln.db"), &clock, /*max_attempts=*/2);
+  int64_t id = store->submit(spec())->id;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    Build b = **store->claim(claimer("w", 1000));
+    ASSERT_EQ(b.attempt, attempt);
+    Result<Build> released = store->release(id, attempt);
+    ASSERT_OK(released);
+    EXPECT_EQ(released->status, BuildStatus::queued);
+    EXPECT_FALSE(released->lease_owner.has_value());
+    EXPECT_EQ(store->release(id, attempt).error().code, ErrorCode::fenced);  // no longer running
+    EXPECT_NE(store->read_events(id, 0)->back().payload_json.find("\"status\":\"queued\""), std::string::npos);
+  }
+  // Two lease expiries still end it (max_attempts counts those only).
+  Build b = **store->claim(claimer("w", 1000));
+  EXPECT_EQ(b.attempt, 4);
+  clock.advance(1001);
+  ASSERT_EQ(store->recover()->requeued, 1);
+  ASSERT_TRUE(store->claim(claimer("w", 1000))->has_value());
+  clock.advance(1001);
+  ASSERT_EQ(store->recover()->errored, 1);
+  EXPECT_NE(store->get(id)->error_message.value_or("").find("2 attempts"), std::string::npos);
+}
+
+TEST(StoreQueue, ReleaseOfAnAttemptWhoseCancelWasRequestedCancelsIt) {
+  TempDir dir;
+  ManualClock clock;
+  auto store = open_store(dir.file("kiln.db"), &clock);
+  int64_t id = store->submit(spec())->id;
+  Build b = **store->claim(claimer("w", 1000));
+  ASSERT_OK(store->cancel(id));
+  Result<Build> released = store->release(id, b.attempt);
+  ASSERT_OK(released);
+  EXPECT_EQ(released->status, BuildStatus::cancelled);
+  EXPECT_EQ(released->outcome, OutcomeReason::cancelled);
+}
+
 TEST(StoreQueue, ClaimWaitWakesOnSubmitFromAnotherThread) {
   TempDir dir;
   auto store = open_store(dir.file("kiln.db"));

@@ -2,7 +2,12 @@
 // diff shows exactly the edit, commit lands on the branch with kiln as author.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 
 #include "tool_fixture.h"
 
@@ -164,6 +169,179 @@ TEST(Git, ErrorsNameTheRefThePathAndTheSource) {
   auto not_repo = git_diff(parent.path());
   EXPECT_FALSE(not_repo.ok());
   EXPECT_NE(not_repo.error.find(parent.path().string()), std::string::npos);
+}
+
+// The agent ran `git init` in a subdirectory (or tests left a fixture repository): libgit2 cannot
+// stage it ("invalid path 'tool/'"); it is skipped and named, and the rest is committed.
+TEST(Git, ANestedRepositoryIsSkippedAndTheRestCommitted) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path dest = parent.path() / "ws";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest, "9").ok());
+  std::filesystem::create_directories(dest / "tool");
+  shell("git -C " + (dest / "tool").string() + " init -q");
+  ASSERT_TRUE(std::filesystem::exists(dest / "tool/.git"));
+  { std::ofstream(dest / "tool/inner.txt") << "inner\n"; }
+  { std::ofstream(dest / "a.txt", std::ios::app) << "three\n"; }
+  std::vector<std::string> nested;
+  auto commit = git_commit_all(dest, "with a nested repo", &nested);
+  ASSERT_TRUE(commit.ok()) << commit.error;
+  EXPECT_EQ(nested, std::vector<std::string>{"tool/"});
+  EXPECT_EQ(git_cli(dest, "show --name-only --format= HEAD"), "a.txt");
+}
+
+// The stored diff carries binary changes as binary patches, not "Binary files differ".
+TEST(Git, ABinaryChangeIsInTheDiffAsABinaryPatch) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path dest = parent.path() / "ws";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest, "10").ok());
+  { std::ofstream(dest / "bin.dat", std::ios::binary) << std::string("\x00\x01\x02\xff binary\x00", 12); }
+  auto diff = git_diff(dest);
+  ASSERT_TRUE(diff.ok()) << diff.error;
+  EXPECT_NE(diff.value.find("GIT binary patch"), std::string::npos) << diff.value;
+}
+
+// The build branch is pushed into a bare results repository (created on first use) that a user
+// can fetch from after the workspace is gone.
+TEST(Git, PushBranchIntoABareResultsRepository) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path dest = parent.path() / "ws";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest, "11").ok());
+  { std::ofstream(dest / "c.txt") << "sea\n"; }
+  auto commit = git_commit_all(dest, "add c");
+  ASSERT_TRUE(commit.ok()) << commit.error;
+  std::filesystem::path results = parent.path() / "var" / "results.git";
+  auto pushed = git_push_branch(dest, "kiln/11", results);
+  ASSERT_TRUE(pushed.ok()) << pushed.error;
+  EXPECT_EQ(pushed.value, commit.value);
+  EXPECT_EQ(git_cli(results, "rev-parse --is-bare-repository"), "true");
+  std::filesystem::remove_all(dest);
+  EXPECT_EQ(git_cli(results, "show kiln/11:c.txt"), "sea");
+  // A second build's push goes into the same repository.
+  std::filesystem::path dest2 = parent.path() / "ws2";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest2, "12").ok());
+  ASSERT_TRUE(git_push_branch(dest2, "kiln/12", results).ok());
+  EXPECT_EQ(git_cli(results, "rev-parse kiln/12"), src.second);
+}
+
+TEST(Git, ResetCleanDropsChangesAndUntrackedFilesButKeepsIgnoredOnes) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path dest = parent.path() / "ws";
+  ASSERT_TRUE(git_clone_workspace(src.dir.path().string(), "", dest, "13").ok());
+  { std::ofstream(dest / "a.txt") << "changed\n"; }
+  std::filesystem::create_directories(dest / "out/deep");
+  { std::ofstream(dest / "out/deep/report.xml") << "x"; }
+  { std::ofstream(dest / "stray.txt") << "x"; }
+  std::filesystem::create_directories(dest / "__pycache__");
+  { std::ofstream(dest / "__pycache__/m.pyc") << "x"; }
+  auto cleaned = git_reset_clean(dest);
+  ASSERT_TRUE(cleaned.ok()) << cleaned.error;
+  EXPECT_EQ(parent.read("ws/a.txt"), "one\ntwo\n");
+  EXPECT_FALSE(std::filesystem::exists(dest / "out"));
+  EXPECT_FALSE(std::filesystem::exists(dest / "stray.txt"));
+  EXPECT_TRUE(std::filesystem::exists(dest / "__pycache__/m.pyc"));
+  EXPECT_TRUE(git_status(dest).value.empty());
+}
+
+// A `--shared` source (objects through alternates) must not leave the workspace pointing at a
+// host path the sandbox cannot see: the clone holds its own objects.
+TEST(Git, CloneOfASharedSourceHoldsItsOwnObjects) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path shared = parent.path() / "shared";
+  shell("git clone -q --shared " + src.dir.path().string() + " " + shared.string());
+  ASSERT_TRUE(std::filesystem::exists(shared / ".git/objects/info/alternates"));
+  std::filesystem::path dest = parent.path() / "ws";
+  auto cloned = git_clone_workspace(shared.string(), "", dest, "14");
+  ASSERT_TRUE(cloned.ok()) << cloned.error;
+  EXPECT_FALSE(std::filesystem::exists(dest / ".git/objects/info/alternates"));
+  std::filesystem::remove_all(src.dir.path() / ".git/objects");  // the alternates target goes away
+  EXPECT_EQ(git_cli(dest, "log --format=%s"), "second\nfirst");
+}
+
+TEST(Git, AShallowSourceIsRefusedWithTheReason) {
+  SourceRepo src;
+  TempWorkspace parent;
+  std::filesystem::path shallow = parent.path() / "shallow";
+  shell("git clone -q --depth 1 file://" + src.dir.path().string() + " " + shallow.string());
+  ASSERT_TRUE(std::filesystem::exists(shallow / ".git/shallow"));
+  auto cloned = git_clone_workspace(shallow.string(), "", parent.path() / "ws", "15");
+  EXPECT_FALSE(cloned.ok());
+  EXPECT_NE(cloned.error.find("shallow"), std::string::npos) << cloned.error;
+}
+
+// A source whose default branch is `kiln` (or `kiln/<id>`): the clone's local branch for it
+// would collide with refs/heads/kiln/<id>.
+TEST(Git, ASourceWhoseDefaultBranchIsKilnCanBeBuilt) {
+  for (std::string name : {"kiln", "kiln/16"}) {
+    SourceRepo src;
+    shell("git -C " + src.dir.path().string() + " branch -m main '" + name + "'");
+    TempWorkspace parent;
+    std::filesystem::path dest = parent.path() / "ws";
+    auto cloned = git_clone_workspace(src.dir.path().string(), "", dest, "16");
+    ASSERT_TRUE(cloned.ok()) << name << ": " << cloned.error;
+    EXPECT_EQ(cloned.value.base_commit, src.second);
+    EXPECT_EQ(git_current_branch(dest).value, "kiln/16");
+    EXPECT_EQ(git_cli(dest, "branch --format='%(refname)'"), "refs/heads/kiln/16");
+    auto named = git_clone_workspace(src.dir.path().string(), name, parent.path() / "ws2", "16");
+    ASSERT_TRUE(named.ok()) << name << ": " << named.error;
+  }
+}
+
+TEST(Git, AnEmptySourceIsNamedAsEmpty) {
+  TempWorkspace src;
+  shell("git -C " + src.path().string() + " init -q");
+  TempWorkspace parent;
+  auto cloned = git_clone_workspace(src.path().string(), "", parent.path() / "ws", "17");
+  EXPECT_FALSE(cloned.ok());
+  EXPECT_NE(cloned.error.find("is empty"), std::string::npos) << cloned.error;
+}
+
+// Submodules are checked out (a relative URL resolves against the source); one that cannot be
+// fails the clone naming it.
+TEST(Git, SubmodulesAreCheckedOutFromTheSource) {
+  TempWorkspace repos;
+  std::string git = "git -c user.name=t -c user.email=t@t -c init.defaultBranch=main -c protocol.file.allow=always ";
+  std::string sub = (repos.path() / "sub").string(), super = (repos.path() / "super").string();
+  shell(git + "init -q " + sub + " && echo s > " + sub + "/s.txt && " + git + "-C " + sub + " add -A && " + git + "-C " +
+        sub + " commit -qm s");
+  shell(git + "init -q " + super + " && echo t > " + super + "/top.txt && " + git + "-C " + super +
+        " submodule add -q ../sub libs/sub && " + git + "-C " + super + " add -A && " + git + "-C " + super + " commit -qm t");
+  ASSERT_TRUE(std::filesystem::exists(repos.path() / "super/.gitmodules"));
+  TempWorkspace parent;
+  auto cloned = git_clone_workspace(super, "", parent.path() / "ws", "18");
+  ASSERT_TRUE(cloned.ok()) << cloned.error;
+  EXPECT_EQ(parent.read("ws/libs/sub/s.txt"), "s\n");
+  EXPECT_TRUE(git_status(parent.path() / "ws").value.empty());
+  std::filesystem::remove_all(repos.path() / "sub");
+  auto broken = git_clone_workspace(super, "", parent.path() / "ws2", "19");
+  EXPECT_FALSE(broken.ok());
+  EXPECT_NE(broken.error.find("submodule libs/sub"), std::string::npos) << broken.error;
+}
+
+// kiln running as non-root must still remove what a command left read-only.
+TEST(Git, RemoveTreeRemovesReadOnlyDirectoriesAsNonRoot) {
+  TempWorkspace parent;
+  std::filesystem::path tree = parent.path() / "var/build-1";
+  std::filesystem::create_directories(tree / "ro/sub");
+  { std::ofstream(tree / "ro/sub/f") << "x"; }
+  { std::ofstream(tree / "ro/g") << "x"; }
+  ASSERT_EQ(shell("chown -R 65534:65534 " + (parent.path() / "var").string() + " && chmod 0500 " + (tree / "ro/sub").string() + " " +
+                  (tree / "ro").string() + " && echo ok"), "ok\n");
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+    _exit(remove_tree(tree) ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_FALSE(std::filesystem::exists(tree));
 }
 
 }  // namespace
