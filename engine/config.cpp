@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -19,18 +20,27 @@ class Reader {
 
   std::string where(const char* key) const { return source_ + ": " + prefix_ + key; }
 
+  // Every read checks the JSON type first: nlohmann's get<> throws on a mismatch (an abort
+  // outside a try) or converts silently (true -> 1), and a config is outside input.
   template <typename T>
   Status get(const char* key, T& out, bool required) const {
-    auto it = s_.find(key);
-    if (it == s_.end() || it->is_null()) {
-      if (required) return make_error(where(key) + " is missing");
+    return read(s_, where(key), key, out, required);
+  }
+
+  // The same for a field of another object (the top level, rope_parameters), named by `where`.
+  template <typename T>
+  static Status read(const json& obj, const std::string& where, const char* key, T& out, bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) {
+      if (required) return make_error(where + " is missing");
       return {};
     }
-    try {
-      out = it->get<T>();
-    } catch (const json::exception& e) {
-      return make_error(where(key) + " has the wrong type (" + it->dump() + ")");
-    }
+    bool type_ok;
+    if constexpr (std::is_same_v<T, bool>) type_ok = it->is_boolean();
+    else if constexpr (std::is_same_v<T, std::string>) type_ok = it->is_string();
+    else type_ok = it->is_number();
+    if (!type_ok) return make_error(where + " has the wrong type (" + it->dump() + ")");
+    out = it->template get<T>();
     return {};
   }
 
@@ -57,6 +67,21 @@ class Reader {
     if (!_s.ok()) return make_error(_s.error()); \
   } while (0)
 
+// Reads `key` of `obj` (absent/null: nothing) as one token id or a list of them into `out`.
+Status parse_token_ids(const json& obj, const char* key, const std::string& where, std::vector<int64_t>& out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return {};
+  auto one = [&](const json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      return make_error(where + " = " + it->dump() + ": expected a token id or a list of token ids");
+    out.push_back(v.get<int64_t>());
+    return {};
+  };
+  if (!it->is_array()) return one(*it);
+  for (const auto& e : *it) KILN_TRY(one(e));
+  return {};
+}
+
 }  // namespace
 
 int ModelConfig::n_full_layers() const {
@@ -74,14 +99,17 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     return make_error(source + ": not valid JSON: " + e.what());
   }
   if (!root.is_object()) return make_error(source + ": top level is not a JSON object");
-  const bool nested = root.contains("text_config") && root["text_config"].is_object();
+  const bool nested = root.contains("text_config") && !root["text_config"].is_null();
+  if (nested && !root["text_config"].is_object())
+    return make_error(source + ": text_config has the wrong type (" + root["text_config"].dump() + ")");
   const json& s = nested ? root["text_config"] : root;
   Reader r(s, nested ? "text_config." : "", source);
 
   ModelConfig c;
   std::string text_type;
   KILN_TRY(r.get("model_type", text_type, false));
-  c.model_type = root.value("model_type", text_type);
+  c.model_type = text_type;
+  KILN_TRY(Reader::read(root, source + ": model_type", "model_type", c.model_type, false));
   if (c.model_type.empty()) c.model_type = text_type;
   const bool moe_type = c.model_type.rfind("qwen3_5_moe", 0) == 0 || text_type.rfind("qwen3_5_moe", 0) == 0;
   const bool dense_type = !moe_type && (c.model_type.rfind("qwen3_5", 0) == 0 || text_type.rfind("qwen3_5", 0) == 0);
@@ -102,19 +130,17 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   c.max_position_embeddings = 262144;
   KILN_TRY(r.get("max_position_embeddings", c.max_position_embeddings, false));
   KILN_TRY(r.range("max_position_embeddings", double(c.max_position_embeddings), 1, 1e9, "1..1e9"));
-  c.tie_word_embeddings = root.value("tie_word_embeddings", false);
+  KILN_TRY(Reader::read(root, source + ": tie_word_embeddings", "tie_word_embeddings", c.tie_word_embeddings, false));
   KILN_TRY(r.get("tie_word_embeddings", c.tie_word_embeddings, false));
   KILN_TRY(r.get("dtype", c.dtype, false));
-  if (s.contains("torch_dtype") && s["torch_dtype"].is_string()) c.dtype = s["torch_dtype"].get<std::string>();
+  KILN_TRY(r.get("torch_dtype", c.dtype, false));
 
   // eos_token_id: an int or a list of ints, in text_config or at the top level.
+  // A stop id of the wrong type would silently never stop generation: it is an error.
   for (const json* sec : std::initializer_list<const json*>{&s, &root}) {
-    auto it = sec->find("eos_token_id");
-    if (it == sec->end() || it->is_null() || !c.eos_token_ids.empty()) continue;
-    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
-    else if (it->is_array())
-      for (const auto& e : *it)
-        if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
+    if (!c.eos_token_ids.empty()) break;
+    const std::string where = sec == &s ? r.where("eos_token_id") : source + ": eos_token_id";
+    KILN_TRY(parse_token_ids(*sec, "eos_token_id", where, c.eos_token_ids));
   }
   KILN_TRY(r.get("bos_token_id", c.bos_token_id, false));
 
@@ -156,14 +182,16 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 
   // RoPE: rope_parameters (new form) or top-level rope_theta / partial_rotary_factor (old form).
   const json* rp = nullptr;
+  std::string rp_name;
   for (const char* key : {"rope_parameters", "rope_scaling"})
-    if (!rp && s.contains(key) && s[key].is_object()) rp = &s[key];
-  auto read_num = [&](const char* key, double& out) {
-    if (rp && rp->contains(key) && (*rp)[key].is_number()) out = (*rp)[key].get<double>();
-    else if (s.contains(key) && s[key].is_number()) out = s[key].get<double>();
+    if (!rp && s.contains(key) && s[key].is_object()) rp = &s[key], rp_name = std::string(key) + ".";
+  auto read_num = [&](const char* key, double& out) -> Status {
+    if (rp && rp->contains(key) && !(*rp)[key].is_null())
+      return Reader::read(*rp, r.where((rp_name + key).c_str()), key, out, false);
+    return r.get(key, out, false);
   };
-  read_num("rope_theta", c.rope_theta);
-  read_num("partial_rotary_factor", c.partial_rotary_factor);
+  KILN_TRY(read_num("rope_theta", c.rope_theta));
+  KILN_TRY(read_num("partial_rotary_factor", c.partial_rotary_factor));
   KILN_TRY(r.range("rope_theta", c.rope_theta, 1, 1e12, "1..1e12"));
   KILN_TRY(r.range("partial_rotary_factor", c.partial_rotary_factor, 0, 1, "0..1"));
   c.rotary_dim = int(std::lround(c.head_dim * c.partial_rotary_factor));

@@ -2,11 +2,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 
 namespace kiln::engine {
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineOptions& options) {
+  // The last line of defence: loading reads outside input (JSON, headers, sizes), and an
+  // exception escaping here would abort the process (or leave a server's model slot loading).
+  try {
+    return load_checked(dir, options);
+  } catch (const std::exception& e) {
+    return make_error(dir + ": model failed to load: " + e.what());
+  }
+}
+
+Result<std::unique_ptr<Model>> Model::load_checked(const std::string& dir, const EngineOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->options_ = options;

@@ -214,8 +214,12 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open_dir(const std::string& dir)
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       return make_error(index.string() + ": no weight_map object");
     std::set<std::string> shards;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it)
-      if (it.value().is_string()) shards.insert(it.value().get<std::string>());
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        return make_error(index.string() + ": weight_map entry \"" + it.key() + "\" is " + it.value().dump() +
+                          ", not a shard file name");
+      shards.insert(it.value().get<std::string>());
+    }
     for (const auto& s : shards) files.push_back((fs::path(dir) / s).string());
     auto c = open_files(files);
     if (!c) return c;

@@ -39,6 +39,17 @@ void edit_header(const std::string& path, const std::function<void(json&)>& edit
   out << nh << bytes.substr(8 + n);
 }
 
+// Rewrites config.json (or another JSON file of the model) through `edit`.
+void edit_json(const std::string& path, const std::function<void(json&)>& edit) {
+  json c;
+  {
+    std::ifstream in(path);
+    c = json::parse(in);
+  }
+  edit(c);
+  std::ofstream(path, std::ios::trunc) << c.dump();
+}
+
 void expect_load_error(const std::string& dir, std::initializer_list<std::string> parts) {
   auto m = Model::load(dir);
   ASSERT_FALSE(m.ok()) << "loaded a malformed model";
@@ -224,6 +235,64 @@ TEST(SessionErrors, GenerateTakesAnIdleSessionsPagesOnlyWhenATokenNeedsOne) {
   EXPECT_EQ((*m)->kv_reclaims(), 1);
   ASSERT_TRUE((*idle)->generate(g).ok());  // rebuilds its 60 tokens first
   EXPECT_EQ((*idle)->rebuilt_tokens(), 60);
+}
+
+// Malformed JSON used to throw out of the loader (nlohmann's get<> and value() on a null or a
+// value of the wrong type), aborting the process: each case is an error naming the field.
+TEST(LoaderErrors, ConfigFieldsOfTheWrongTypeAreNamedNotThrown) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string path = dir + "/config.json";
+  json original;
+  {
+    std::ifstream in(path);
+    original = json::parse(in);
+  }
+  auto with = [&](const std::function<void(json&)>& edit) {
+    edit_json(path, [&](json& c) {
+      c = original;
+      edit(c);
+    });
+  };
+  with([](json& c) { c["model_type"] = nullptr; });  // null reads as absent: the text model_type
+  EXPECT_TRUE(Model::load(dir).ok());
+  with([](json& c) { c["tie_word_embeddings"] = nullptr; });
+  EXPECT_TRUE(Model::load(dir).ok());
+  with([](json& c) { c["model_type"] = 5; });
+  expect_load_error(dir, {"config.json: model_type has the wrong type (5)"});
+  with([](json& c) { c["tie_word_embeddings"] = "no"; });
+  expect_load_error(dir, {"config.json: tie_word_embeddings has the wrong type"});
+  with([](json& c) { c["text_config"]["tie_word_embeddings"] = 0; });
+  expect_load_error(dir, {"text_config.tie_word_embeddings has the wrong type"});
+  with([](json& c) { c["text_config"]["rope_parameters"]["rope_theta"] = "1e7"; });
+  expect_load_error(dir, {"text_config.rope_parameters.rope_theta has the wrong type"});
+  with([](json& c) { c["text_config"]["eos_token_id"] = "481"; });
+  expect_load_error(dir, {"text_config.eos_token_id", "expected a token id"});
+  with([](json& c) { c["text_config"]["eos_token_id"] = json::array({1, nullptr}); });
+  expect_load_error(dir, {"text_config.eos_token_id", "expected a token id"});
+  with([](json& c) { c["text_config"]["dtype"] = 16; });
+  expect_load_error(dir, {"text_config.dtype has the wrong type"});
+  with([](json& c) { c["text_config"] = json::array(); });
+  expect_load_error(dir, {"text_config has the wrong type"});
+}
+
+TEST(LoaderErrors, NonStringWeightMapEntryIsNamedNotThrown) {
+  TinyModelOptions o;
+  o.shards = 2;
+  const std::string dir = make_model(o);
+  const std::string index = dir + "/model.safetensors.index.json";
+  json original;
+  {
+    std::ifstream in(index);
+    original = json::parse(in);
+  }
+  edit_json(index, [](json& j) { j["weight_map"]["model.language_model.extra.weight"] = 3; });
+  expect_load_error(dir, {"model.safetensors.index.json", "\"model.language_model.extra.weight\" is 3",
+                          "not a shard file name"});
+  edit_json(index, [&](json& j) {
+    j = original;
+    j["weight_map"]["model.language_model.norm.weight"] = nullptr;
+  });
+  expect_load_error(dir, {"\"model.language_model.norm.weight\" is null"});
 }
 
 }  // namespace
