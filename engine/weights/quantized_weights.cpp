@@ -64,6 +64,12 @@ uint64_t fingerprint(const Checkpoint& ck, const WeightLoadOptions& o, const std
     const int64_t rc[2] = {m->rows, m->cols};
     h = fnv(h, rc, sizeof rc);
   }
+  // The sampled bytes miss a fine-tune that changes other rows; any rewrite of a shard changes
+  // its size, mtime or inode (a copy, or an in-place write), so the cache is rebuilt once.
+  for (const auto& f : ck.files()) {
+    const uint64_t id[3] = {uint64_t(f->size()), f->mtime_ns(), f->inode()};
+    h = fnv(h, id, sizeof id);
+  }
   return h;
 }
 

@@ -10,7 +10,9 @@
 //
 // Cache file: `<model dir>/kiln-weights-<format>-<fingerprint>.bin`, where the fingerprint hashes
 // every tensor's name, dtype, shape and sampled bytes (first, middle and last 256 bytes; a full
-// content hash would read the whole checkpoint on every load), the format and the layout version.
+// content hash would read the whole checkpoint on every load), each shard file's size, mtime (ns)
+// and inode (so a rewritten checkpoint, e.g. a fine-tune changing other rows, is re-quantized
+// once), the format and the layout version.
 // Written to a temporary name and renamed, so a crash never leaves a half file under the real
 // name. An unwritable model directory only costs the cache (a warning), never the load.
 #pragma once

@@ -94,6 +94,8 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   std::unique_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = size_t(st.st_size);
+  f->mtime_ns_ = uint64_t(st.st_mtim.tv_sec) * 1000000000ull + uint64_t(st.st_mtim.tv_nsec);
+  f->inode_ = uint64_t(st.st_ino);
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -147,6 +149,51 @@ TEST(WeightCache, CachesOfAnOlderLayoutAreRemovedOthersKept) {
   bool told = false;
   for (const std::string& w : (*m)->stored_weights()->warnings()) told |= w.find(older) != std::string::npos;
   EXPECT_TRUE(told) << "the removal is reported";
+}
+
+// Overwrites rows [r0, r1) of the 2-D bf16 tensor `name` in place, as a fine-tune saved over the
+// checkpoint would: same size, same names and shapes, and bytes away from the sampled ones.
+void rewrite_rows(const std::string& file, const std::string& name, int64_t r0, int64_t r1) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  const nlohmann::json t = nlohmann::json::parse(header)[name];
+  ASSERT_EQ(t["dtype"], "BF16");
+  const int64_t cols = t["shape"][1].get<int64_t>();
+  std::vector<uint16_t> row(static_cast<size_t>(cols));
+  f.seekp(std::streamoff(8 + n + t["data_offsets"][0].get<uint64_t>() + uint64_t(r0 * cols) * 2));
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = f32_to_bf16(0.25f * float((r * 7 + c) % 9 - 4));
+    f.write(reinterpret_cast<const char*>(row.data()), std::streamsize(row.size() * 2));
+  }
+  ASSERT_TRUE(f.flush());
+}
+
+// The fingerprint samples 768 bytes of each tensor: a rewrite of other rows used to keep serving
+// the stale cache (silently wrong logits). Each shard's size, mtime and inode are in it now.
+TEST(WeightCache, RewrittenCheckpointIsQuantizedAgainNotServedFromTheStaleCache) {
+  const std::string dir = testing::make_model(TinyModelOptions{});
+  const std::vector<int32_t> toks = {1, 5, 9, 200, 17, 3};
+  const auto before = logits(dir, cpu::WeightFormat::q8, true, toks);  // writes the cache
+  // File times tick with the kernel's clock (a few ms): let the rewrite land on a later one.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // q_proj of layer 3 is [256, 64] bf16: rows 20..59 are none of the sampled bytes.
+  rewrite_rows(dir + "/model.safetensors", "model.language_model.layers.3.self_attn.q_proj.weight", 20, 60);
+  const auto fresh = logits(dir, cpu::WeightFormat::q8, false, toks);
+  ASSERT_NE(fresh, before) << "the rewritten rows should change the logits";
+  EngineOptions o;
+  o.threads = 2;
+  o.weights = cpu::WeightFormat::q8;
+  auto m = Model::load(dir, o);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_FALSE((*m)->stored_weights()->from_cache());
+  auto s = (*m)->open_session();
+  auto l = (*s)->append(toks, true);
+  ASSERT_TRUE(l.ok()) << l.error();
+  EXPECT_EQ(*l, fresh);
+  EXPECT_EQ(logits(dir, cpu::WeightFormat::q8, true, toks), fresh);  // and the new cache serves them
 }
 
 }  // namespace
