@@ -5,6 +5,10 @@
 // activations move these logits by tens of percent; llama.cpp's 8-bit model of the tiny MoE lands
 // ~0.5 rel L2 away), so the bounds below are loose guards against a broken path, and the measured
 // errors are printed for the report.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -194,6 +199,93 @@ TEST(WeightCache, RewrittenCheckpointIsQuantizedAgainNotServedFromTheStaleCache)
   ASSERT_TRUE(l.ok()) << l.error();
   EXPECT_EQ(*l, fresh);
   EXPECT_EQ(logits(dir, cpu::WeightFormat::q8, true, toks), fresh);  // and the new cache serves them
+}
+
+std::string load_cache_path(const std::string& dir, const EngineOptions& o, std::vector<std::string>* warnings = nullptr) {
+  auto m = Model::load(dir, o);
+  EXPECT_TRUE(m.ok()) << m.error();
+  if (!m.ok()) return "";
+  if (warnings) *warnings = (*m)->stored_weights()->warnings();
+  return (*m)->stored_weights()->cache_path();
+}
+
+bool mentions(const std::vector<std::string>& notes, const std::string& what) {
+  for (const std::string& n : notes)
+    if (n.find(what) != std::string::npos) return true;
+  return false;
+}
+
+// An open file (the lock's holder) with an old mtime: a load in progress, or one that died.
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  TempFile(std::string p, bool locked, std::chrono::minutes age) : path(std::move(p)) {
+    std::ofstream(path) << "half a cache";
+    std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now() - age);
+    if (locked) {
+      fd = ::open(path.c_str(), O_RDONLY);
+      EXPECT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    }
+  }
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Each checkpoint update used to leave a full-size dead cache, and each killed load its temp
+// file: both are removed; other formats, other lm_head choices and live writes are kept.
+TEST(WeightCache, DeadCachesAndTempFilesOfDeadLoadsAreRemovedLiveOnesKept) {
+  const std::string dir = testing::make_model(TinyModelOptions{});
+  EngineOptions o;
+  o.threads = 2;
+  o.weights = cpu::WeightFormat::q8;
+  const std::string first = load_cache_path(dir, o);
+  EngineOptions q4 = o, no_head = o;
+  q4.weights = cpu::WeightFormat::q4;
+  no_head.quantize_lm_head = false;
+  const std::string q4_cache = load_cache_path(dir, q4), no_head_cache = load_cache_path(dir, no_head);
+  ASSERT_NE(no_head_cache, first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // file times are coarse
+  rewrite_rows(dir + "/model.safetensors", "model.language_model.layers.3.self_attn.q_proj.weight", 20, 60);
+  const std::string killed = first + ".tmp.Ab12Cd", killed_old_style = first + ".tmp.1";
+  TempFile dead(killed, false, std::chrono::minutes(5)), dead_old(killed_old_style, false, std::chrono::minutes(5));
+  TempFile live(first + ".tmp.Zz99Yy", true, std::chrono::minutes(30));  // locked: a load writing it now
+  TempFile just_made(first + ".tmp.Qq00Rr", false, std::chrono::minutes(0));  // mkstemp'd, not yet locked
+  std::vector<std::string> notes;
+  const std::string second = load_cache_path(dir, o, &notes);
+  ASSERT_NE(second, first);
+  EXPECT_TRUE(std::filesystem::exists(second));
+  EXPECT_FALSE(std::filesystem::exists(first)) << "a dead cache of the same format and lm_head choice";
+  EXPECT_TRUE(mentions(notes, first)) << "the removal is reported";
+  EXPECT_TRUE(std::filesystem::exists(q4_cache)) << "another format: maybe another server's";
+  EXPECT_TRUE(std::filesystem::exists(no_head_cache)) << "another lm_head choice: maybe another server's";
+  EXPECT_FALSE(std::filesystem::exists(killed));
+  EXPECT_FALSE(std::filesystem::exists(killed_old_style));
+  EXPECT_TRUE(mentions(notes, killed));
+  EXPECT_TRUE(std::filesystem::exists(live.path)) << "never remove a temp file another load is writing";
+  EXPECT_TRUE(std::filesystem::exists(just_made.path));
+}
+
+// Temp names were "<cache>.tmp.<pid>": two containers sharing the model volume (each kiln pid 1)
+// wrote into the same file, and could publish a torn cache. mkstemp names are unique.
+TEST(WeightCache, AnotherWritersTempFileWithOurPidIsNotTouched) {
+  const std::string dir = testing::make_model(TinyModelOptions{});
+  EngineOptions o;
+  o.threads = 2;
+  o.weights = cpu::WeightFormat::q8;
+  const std::string path = load_cache_path(dir, o);
+  ASSERT_TRUE(std::filesystem::remove(path));
+  TempFile other(path + ".tmp." + std::to_string(::getpid()), true, std::chrono::minutes(0));
+  std::vector<std::string> notes;
+  EXPECT_EQ(load_cache_path(dir, o, &notes), path);
+  ASSERT_TRUE(std::filesystem::exists(other.path));
+  std::ifstream in(other.path);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "half a cache");
+  // And the cache it wrote is whole: the next load maps it.
+  auto m = Model::load(dir, o);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_TRUE((*m)->stored_weights()->from_cache());
 }
 
 }  // namespace
