@@ -283,9 +283,14 @@ Result<std::unique_ptr<StoredWeights>> StoredWeights::apply(ModelWeights& w, con
   // Before a write too: the space of dead caches may be what the new one needs.
   if (o.use_cache)
     for (std::string& note : tidy_cache_dir(dir, hdr)) sw->warnings_.push_back(std::move(note));
-  if (o.use_cache && std::filesystem::exists(path)) {
-    auto mf = MappedFile::open(path);
-    if (!mf) return make_error(mf.error());
+  std::error_code exists_ec;
+  auto mf = o.use_cache && std::filesystem::exists(path, exists_ec) ? MappedFile::open(path)
+                                                                     : Result<std::unique_ptr<MappedFile>>(nullptr);
+  if (!mf) {
+    // A cache that cannot be opened or mapped (permissions, not a file) costs its speed, never
+    // the load: quantize again (in memory if the cache cannot be rewritten either).
+    sw->warnings_.push_back("weight cache unusable: " + mf.error() + "; re-quantizing");
+  } else if (*mf) {
     CacheHeader got{};
     if ((*mf)->size() >= sizeof got) std::memcpy(&got, (*mf)->data(), sizeof got);
     if ((*mf)->size() != kDataOffset + total || std::memcmp(&got, &hdr, sizeof hdr) != 0) {

@@ -16,8 +16,9 @@
 // Written to a unique temporary name (mkstemp, flock'ed while written) and renamed, so a crash
 // never leaves a half file under the real name. Each load with the cache on tidies the directory:
 // temp files of loads that died (unlocked, a minute old), caches of an older layout, and caches
-// of the same format and lm_head choice made from an earlier state of the checkpoint. An
-// unwritable model directory only costs the cache (a warning), never the load.
+// of the same format and lm_head choice made from an earlier state of the checkpoint. A cache
+// that cannot be opened or mapped, or an unwritable model directory, only costs the cache (a
+// warning), never the load.
 #pragma once
 
 #include <cstdint>

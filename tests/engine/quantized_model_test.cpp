@@ -288,5 +288,34 @@ TEST(WeightCache, AnotherWritersTempFileWithOurPidIsNotTouched) {
   EXPECT_TRUE((*m)->stored_weights()->from_cache());
 }
 
+// A cache that exists but cannot be mapped (here a directory in its place; unreadable files fail
+// the same way for a non-root user) used to fail the whole load. It is a miss: the weights are
+// quantized in memory, and the failed rename says why (it said "Success": errno was reused).
+TEST(WeightCache, UnusableCacheIsAMissAndTheLoadGoesOnInMemory) {
+  const std::string dir = testing::make_model(TinyModelOptions{});
+  const std::vector<int32_t> toks = {1, 5, 9, 200, 17, 3};
+  EngineOptions o;
+  o.threads = 2;
+  o.weights = cpu::WeightFormat::q8;
+  const std::string path = load_cache_path(dir, o);
+  ASSERT_TRUE(std::filesystem::remove(path));
+  std::filesystem::create_directories(path + "/in-the-way");
+  std::vector<std::string> notes;
+  auto m = Model::load(dir, o);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_FALSE((*m)->stored_weights()->from_cache());
+  EXPECT_TRUE((*m)->stored_weights()->cache_path().empty());
+  notes = (*m)->stored_weights()->warnings();
+  EXPECT_TRUE(mentions(notes, "cannot mmap")) << ::testing::PrintToString(notes);
+  EXPECT_TRUE(mentions(notes, "cannot rename weight cache")) << ::testing::PrintToString(notes);
+  EXPECT_FALSE(mentions(notes, "Success")) << ::testing::PrintToString(notes);
+  auto s = (*m)->open_session();
+  auto l = (*s)->append(toks, true);
+  ASSERT_TRUE(l.ok()) << l.error();
+  EXPECT_EQ(*l, logits(dir, cpu::WeightFormat::q8, false, toks));
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+}
+
 }  // namespace
 }  // namespace kiln::engine
