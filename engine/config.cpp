@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -66,6 +67,37 @@ class Reader {
     Status _s = (expr);           \
     if (!_s.ok()) return make_error(_s.error()); \
   } while (0)
+
+// kiln implements plain partial NeoX RoPE, which is what Qwen3.5's interleaved M-RoPE is for text
+// (model-spec §1.3). Any other scaling (yarn, linear, dynamic, ...) changes the frequencies, so a
+// config asking for one is refused rather than run with the wrong positions. Accepted: the new
+// form {rope_type: "default", rope_theta, partial_rotary_factor, mrope_section, mrope_interleaved}
+// and the old {type: "mrope", mrope_section}.
+Status check_rope_kind(const json& rope, const std::string& where) {
+  if (!rope.is_object()) return make_error(where + " has the wrong type (" + rope.dump() + ")");
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = rope.find(key);
+    if (it == rope.end() || it->is_null()) continue;
+    if (!it->is_string() || (*it != "default" && *it != "mrope"))
+      return make_error(where + "." + key + " = " + it->dump() +
+                        " is not supported (kiln implements \"default\" and \"mrope\" RoPE, no scaling)");
+  }
+  if (auto it = rope.find("mrope_section"); it != rope.end() && !it->is_null()) {
+    bool ok = it->is_array();
+    for (const auto& e : *it) ok = ok && e.is_number_unsigned();
+    if (!ok) return make_error(where + ".mrope_section = " + it->dump() + ": expected a list of section sizes");
+  }
+  if (auto it = rope.find("mrope_interleaved"); it != rope.end() && !it->is_null() && !it->is_boolean())
+    return make_error(where + ".mrope_interleaved has the wrong type (" + it->dump() + ")");
+  for (const auto& [key, value] : rope.items()) {
+    static const char* const known[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor",
+                                        "mrope_section", "mrope_interleaved"};
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known) && !value.is_null())
+      return make_error(where + "." + key + " = " + value.dump() +
+                        " is not supported (a RoPE scaling parameter; kiln implements unscaled RoPE)");
+  }
+  return {};
+}
 
 // Reads `key` of `obj` (absent/null: nothing) as one token id or a list of them into `out`.
 Status parse_token_ids(const json& obj, const char* key, const std::string& where, std::vector<int64_t>& out) {
@@ -183,8 +215,11 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   // RoPE: rope_parameters (new form) or top-level rope_theta / partial_rotary_factor (old form).
   const json* rp = nullptr;
   std::string rp_name;
-  for (const char* key : {"rope_parameters", "rope_scaling"})
-    if (!rp && s.contains(key) && s[key].is_object()) rp = &s[key], rp_name = std::string(key) + ".";
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!s.contains(key) || s[key].is_null()) continue;
+    KILN_TRY(check_rope_kind(s[key], r.where(key)));
+    if (!rp) rp = &s[key], rp_name = std::string(key) + ".";
+  }
   auto read_num = [&](const char* key, double& out) -> Status {
     if (rp && rp->contains(key) && !(*rp)[key].is_null())
       return Reader::read(*rp, r.where((rp_name + key).c_str()), key, out, false);

@@ -295,5 +295,62 @@ TEST(LoaderErrors, NonStringWeightMapEntryIsNamedNotThrown) {
   expect_load_error(dir, {"\"model.language_model.norm.weight\" is null"});
 }
 
+// Only rope_theta and partial_rotary_factor were read: a config asking for YaRN or linear
+// scaling ran with plain RoPE (wrong positions, no error). The accepted forms are the released
+// one (rope_type "default" with the M-RoPE fields) and the older rope_scaling {type: "mrope"}.
+TEST(LoaderErrors, RopeScalingOtherThanDefaultOrMropeIsRefused) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string path = dir + "/config.json";
+  json original;
+  {
+    std::ifstream in(path);
+    original = json::parse(in);
+  }
+  auto with = [&](const std::function<void(json&)>& edit) {
+    edit_json(path, [&](json& c) {
+      c = original;
+      edit(c);
+    });
+  };
+  with([](json& c) { c["text_config"]["rope_parameters"]["rope_type"] = "yarn"; });
+  expect_load_error(dir, {"text_config.rope_parameters.rope_type = \"yarn\" is not supported"});
+  with([](json& c) { c["text_config"]["rope_parameters"]["factor"] = 4.0; });
+  expect_load_error(dir, {"text_config.rope_parameters.factor", "not supported"});
+  with([](json& c) { c["text_config"]["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
+  expect_load_error(dir, {"text_config.rope_scaling.type = \"linear\" is not supported"});
+  with([](json& c) { c["text_config"]["rope_scaling"] = "yarn"; });
+  expect_load_error(dir, {"text_config.rope_scaling has the wrong type"});
+  with([](json& c) { c["text_config"]["rope_parameters"]["mrope_section"] = "11,11,10"; });
+  expect_load_error(dir, {"text_config.rope_parameters.mrope_section"});
+  // Accepted: the released form as make_tiny writes it, no rope_type, rope_scaling null, and the
+  // older form (top-level rope_theta, rope_scaling of type mrope).
+  with([](json&) {});
+  EXPECT_TRUE(Model::load(dir).ok());
+  with([](json& c) {
+    c["text_config"]["rope_parameters"].erase("rope_type");
+    c["text_config"]["rope_scaling"] = nullptr;
+  });
+  EXPECT_TRUE(Model::load(dir).ok());
+  with([](json& c) {
+    json& t = c["text_config"];
+    t["rope_theta"] = t["rope_parameters"]["rope_theta"];
+    t.erase("rope_parameters");
+    t["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}};
+  });
+  auto old_form = Model::load(dir);
+  ASSERT_TRUE(old_form.ok()) << old_form.error();
+  EXPECT_EQ((*old_form)->config().rope_theta, original["text_config"]["rope_parameters"]["rope_theta"].get<double>());
+}
+
+// The example configs of the released checkpoints still parse.
+TEST(LoaderErrors, ReleasedConfigsParse) {
+  for (const char* name : {"qwen3.6-35b-a3b", "qwen3.6-27b"}) {
+    auto c = load_model_config(std::string(KILN_SOURCE_DIR) + "/examples/models/" + name + ".config.json");
+    ASSERT_TRUE(c.ok()) << name << ": " << c.error();
+    EXPECT_EQ(c->rope_theta, 1e7);
+    EXPECT_EQ(c->rotary_dim, 64);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::engine
