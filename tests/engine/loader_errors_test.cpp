@@ -125,9 +125,11 @@ TEST(LoaderErrors, ShardMissingFromIndexIsNamed) {
 TEST(LoaderErrors, VisionAndMtpTensorsAreSkippedOtherExtrasWarned) {
   const std::string dir = make_model(TinyModelOptions{});
   edit_header(dir + "/model.safetensors", [](json& h) {
-    h["mtp.fc.weight"] = h[kQ];  // aliases existing bytes: only the names matter here
-    h["model.visual.patch_embed.proj.weight"] = h[kQ];
-    h["model.language_model.layers.0.mystery"] = h[kQ];
+    // Empty tensors: only the names matter here (tensors may not share bytes).
+    const json empty = {{"dtype", "BF16"}, {"shape", {0, 64}}, {"data_offsets", {0, 0}}};
+    h["mtp.fc.weight"] = empty;
+    h["model.visual.patch_embed.proj.weight"] = empty;
+    h["model.language_model.layers.0.mystery"] = empty;
   });
   auto m = Model::load(dir);
   ASSERT_TRUE(m.ok()) << m.error();
@@ -350,6 +352,48 @@ TEST(LoaderErrors, ReleasedConfigsParse) {
     EXPECT_EQ(c->rope_theta, 1e7);
     EXPECT_EQ(c->rotary_dim, 64);
   }
+}
+
+// Header values that were cast or multiplied unchecked: negative or float dims, a numel that
+// overflows int64 (signed overflow: the byte check could pass with 0 bytes), negative or float
+// offsets, and tensors sharing bytes. Each is refused, naming the file and tensor.
+TEST(LoaderErrors, HostileTensorHeadersAreRefused) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string file = dir + "/model.safetensors";
+  const std::string norm = "model.language_model.norm.weight";
+  const std::string other = "model.language_model.layers.0.input_layernorm.weight";
+  {
+    std::ifstream in(file, std::ios::binary);
+    std::ofstream(dir + "/original.bin", std::ios::binary) << in.rdbuf();
+  }
+  auto with = [&](const std::function<void(json&)>& edit) {
+    fs::copy_file(dir + "/original.bin", file, fs::copy_options::overwrite_existing);
+    edit_header(file, edit);
+  };
+  with([](json& h) { h["model.visual.foo"] = {{"dtype", "U8"}, {"shape", {-1, -1}}, {"data_offsets", {0, 1}}}; });
+  expect_load_error(dir, {"model.safetensors", "model.visual.foo", "non-negative integers", "[-1,-1]"});
+  with([](json& h) {
+    h["model.visual.foo"] = {{"dtype", "BF16"}, {"shape", {uint64_t(1) << 32, uint64_t(1) << 31}}, {"data_offsets", {0, 0}}};
+  });
+  expect_load_error(dir, {"model.visual.foo", "more elements than fit in 64 bits"});
+  with([](json& h) {
+    h["model.visual.foo"] = {{"dtype", "F64"}, {"shape", {uint64_t(1) << 62}}, {"data_offsets", {0, 0}}};
+  });
+  expect_load_error(dir, {"model.visual.foo", "more bytes than fit in 64 bits"});
+  with([&](json& h) { h[norm]["shape"] = {1e30}; });
+  expect_load_error(dir, {norm, "non-negative integers"});
+  with([&](json& h) { h[norm]["data_offsets"] = {-128, 0}; });
+  expect_load_error(dir, {norm, "bad data_offsets [-128,0]"});
+  with([&](json& h) { h[norm]["data_offsets"] = {1.5e30, 2e30}; });
+  expect_load_error(dir, {norm, "bad data_offsets"});
+  with([&](json& h) { h[norm] = {1, 2}; });
+  expect_load_error(dir, {norm, "malformed header entry"});
+  with([&](json& h) { h[norm]["dtype"] = 5; });
+  expect_load_error(dir, {norm, "dtype is missing or not a string"});
+  with([&](json& h) { h[norm]["data_offsets"] = h[other]["data_offsets"]; });
+  expect_load_error(dir, {"model.safetensors", "overlap", norm, other});
+  with([](json&) {});
+  EXPECT_TRUE(Model::load(dir).ok());
 }
 
 }  // namespace
