@@ -256,7 +256,16 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open_dir(const std::string& dir)
       if (!it.value().is_string())
         return make_error(index.string() + ": weight_map entry \"" + it.key() + "\" is " + it.value().dump() +
                           ", not a shard file name");
-      shards.insert(it.value().get<std::string>());
+      // A shard is a file of this model directory: an absolute path or a ".." would let an index
+      // read any file (symlinks inside the directory, as the HF cache uses, are followed as usual).
+      const std::string shard = it.value().get<std::string>();
+      const fs::path rel(shard);
+      bool escapes = rel.empty() || rel.has_root_path();
+      for (const fs::path& part : rel) escapes = escapes || part == "..";
+      if (escapes)
+        return make_error(index.string() + ": weight_map entry \"" + it.key() + "\" names shard \"" + shard +
+                          "\", which is not a file inside the model directory");
+      shards.insert(shard);
     }
     for (const auto& s : shards) files.push_back((fs::path(dir) / s).string());
     auto c = open_files(files);

@@ -396,5 +396,35 @@ TEST(LoaderErrors, HostileTensorHeadersAreRefused) {
   EXPECT_TRUE(Model::load(dir).ok());
 }
 
+// An index could name any file on the machine as a shard ("../x", "/abs/x").
+TEST(LoaderErrors, IndexShardOutsideTheModelDirectoryIsRefused) {
+  TinyModelOptions o;
+  o.shards = 2;
+  const std::string dir = make_model(o);
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string shard = "model-00002-of-00002.safetensors";
+  // A copy outside the model directory: loading it would succeed if the path were followed.
+  const std::string outside = fs::path(dir).parent_path() / (fs::path(dir).filename().string() + "-outside");
+  fs::create_directories(outside);
+  fs::copy_file(dir + "/" + shard, outside + "/" + shard, fs::copy_options::overwrite_existing);
+  json original;
+  {
+    std::ifstream in(index);
+    original = json::parse(in);
+  }
+  const std::string escaping[] = {"../" + fs::path(outside).filename().string() + "/" + shard, outside + "/" + shard,
+                                  "sub/../../" + fs::path(outside).filename().string() + "/" + shard};
+  for (const std::string& path : escaping) {
+    edit_json(index, [&](json& j) {
+      j = original;
+      for (auto& [name, file] : j["weight_map"].items())
+        if (file == shard) file = path;
+    });
+    expect_load_error(dir, {"model.safetensors.index.json", path, "not a file inside the model directory"});
+  }
+  edit_json(index, [&](json& j) { j = original; });
+  EXPECT_TRUE(Model::load(dir).ok());
+}
+
 }  // namespace
 }  // namespace kiln::engine
