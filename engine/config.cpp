@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 
@@ -41,6 +42,22 @@ class Reader {
     else if constexpr (std::is_same_v<T, std::string>) type_ok = it->is_string();
     else type_ok = it->is_number();
     if (!type_ok) return make_error(where + " has the wrong type (" + it->dump() + ")");
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // get<int> narrows silently (4294967300 layers -> 4, head_dim 32.7 -> 32): a count must be
+      // an integer (4096.0 is one) that fits the field.
+      using Lim = std::numeric_limits<T>;
+      bool fits;
+      if (it->is_number_unsigned()) fits = it->template get<uint64_t>() <= uint64_t(Lim::max());
+      else if (it->is_number_integer()) fits = it->template get<int64_t>() >= int64_t(Lim::min()) &&
+                                               it->template get<int64_t>() <= int64_t(Lim::max());
+      else {
+        const double d = it->template get<double>();
+        if (d != std::trunc(d)) return make_error(where + " = " + it->dump() + " is not an integer");
+        static_assert(std::is_signed_v<T>);
+        fits = d >= double(Lim::min()) && d < -double(Lim::min());  // -min: max + 1, exact in a double
+      }
+      if (!fits) return make_error(where + " = " + it->dump() + " is out of range");
+    }
     out = it->template get<T>();
     return {};
   }

@@ -426,5 +426,54 @@ TEST(LoaderErrors, IndexShardOutsideTheModelDirectoryIsRefused) {
   EXPECT_TRUE(Model::load(dir).ok());
 }
 
+// get<int> narrowed silently: 2^32 + 4 layers read as 4, head_dim 32.7 as 32.
+TEST(LoaderErrors, IntegerFieldsMustBeIntegersInRange) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const std::string path = dir + "/config.json";
+  json original;
+  {
+    std::ifstream in(path);
+    original = json::parse(in);
+  }
+  auto with = [&](const std::function<void(json&)>& edit) {
+    edit_json(path, [&](json& c) {
+      c = original;
+      edit(c);
+    });
+  };
+  with([](json& c) { c["text_config"]["num_hidden_layers"] = (int64_t(1) << 32) + 4; });
+  expect_load_error(dir, {"text_config.num_hidden_layers = 4294967300 is out of range"});
+  with([](json& c) { c["text_config"]["head_dim"] = 32.7; });
+  expect_load_error(dir, {"text_config.head_dim = 32.7 is not an integer"});
+  with([](json& c) { c["text_config"]["bos_token_id"] = 1.5; });
+  expect_load_error(dir, {"text_config.bos_token_id = 1.5 is not an integer"});
+  with([](json& c) { c["text_config"]["num_experts"] = 1e300; });
+  expect_load_error(dir, {"text_config.num_experts", "out of range"});
+  with([](json& c) { c["text_config"]["num_hidden_layers"] = true; });
+  expect_load_error(dir, {"text_config.num_hidden_layers has the wrong type (true)"});
+  with([](json& c) { c["text_config"]["head_dim"] = 32.0; });  // an integer written as a float
+  auto m = Model::load(dir);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_EQ((*m)->config().head_dim, 32);
+}
+
+// With tie_word_embeddings the lm_head is the embedding matrix, read whole per token: the
+// active-parameter count subtracted (V - 1) rows of it anyway.
+TEST(LoaderErrors, TiedLmHeadCountsAsActive) {
+  const std::string untied = make_model(TinyModelOptions{}, "-untied");
+  const std::string tied = make_model(TinyModelOptions{}, "-tied");
+  edit_json(tied + "/config.json", [](json& c) { c["tie_word_embeddings"] = c["text_config"]["tie_word_embeddings"] = true; });
+  edit_header(tied + "/model.safetensors", [](json& h) { h.erase("lm_head.weight"); });
+  auto a = Model::load(untied), b = Model::load(tied);
+  ASSERT_TRUE(a.ok()) << a.error();
+  ASSERT_TRUE(b.ok()) << b.error();
+  const ModelWeights &u = (*a)->weights(), &t = (*b)->weights();
+  const int64_t V = (*a)->config().vocab_size, H = (*a)->config().hidden_size;
+  EXPECT_EQ(t.n_params, u.n_params - V * H);  // the head is the embedding: counted once
+  // Per token the untied model reads its head and one embedding row; the tied one, the one matrix.
+  EXPECT_EQ(t.n_params_active, u.n_params_active - H);
+  EXPECT_EQ(t.n_bytes_active, u.n_bytes_active - H * 2);  // bf16
+}
+
 }  // namespace
 }  // namespace kiln::engine
