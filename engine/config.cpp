@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -285,6 +286,23 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     KILN_TRY(r.range("intermediate_size", double(c.intermediate_size), 1, 1 << 20, "1..2^20"));
   }
   return c;
+}
+
+Status merge_generation_config(ModelConfig& c, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return make_error(path + ": not a JSON object");
+  std::vector<int64_t> ids;
+  KILN_TRY(parse_token_ids(j, "eos_token_id", path + ": eos_token_id", ids));
+  for (int64_t id : ids)
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  return {};
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {

@@ -24,6 +24,8 @@ Result<std::unique_ptr<Model>> Model::load_checked(const std::string& dir, const
   auto config = load_model_config((std::filesystem::path(dir) / "config.json").string());
   if (!config) return make_error(config.error());
   m->config_ = std::move(config).value();
+  Status gen = merge_generation_config(m->config_, (std::filesystem::path(dir) / "generation_config.json").string());
+  if (!gen) return make_error(gen.error());
   auto ck = Checkpoint::open_dir(dir);
   if (!ck) return make_error(ck.error());
   m->checkpoint_ = std::move(ck).value();

@@ -256,7 +256,7 @@ void add_generate(CLI::App& engine, Context& ctx) {
   add_model_args(sub, *a);
   auto* t = sub->add_option("--tokens", a->tokens, "Comma-separated prompt token ids");
   sub->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer.json)")->excludes(t);
-  sub->add_option("--stop", a->stop, "Comma-separated stop ids (default: the config's eos ids)");
+  sub->add_option("--stop", a->stop, "Comma-separated stop ids (default: the eos ids of config.json and generation_config.json)");
   add_sampling_args(sub, a->gen);
   sub->callback([&ctx, a] {
     std::vector<int32_t> ids;

@@ -475,5 +475,43 @@ TEST(LoaderErrors, TiedLmHeadCountsAsActive) {
   EXPECT_EQ(t.n_bytes_active, u.n_bytes_active - H * 2);  // bf16
 }
 
+// Released checkpoints name <|endoftext|> in config.json and <|im_end|> (the end of a chat turn)
+// only in generation_config.json: generation stopped only on the former and ran on past a turn.
+TEST(LoaderErrors, GenerationConfigEosIdsAreAddedToTheStopIds) {
+  const std::string dir = make_model(TinyModelOptions{});
+  std::vector<int64_t> made;
+  edit_json(dir + "/config.json", [&](json& c) {
+    made = c["text_config"]["eos_token_id"].get<std::vector<int64_t>>();  // {im_end, endoftext}
+    c["text_config"]["eos_token_id"] = made[1];
+  });
+  auto only_config = Model::load(dir);
+  ASSERT_TRUE(only_config.ok()) << only_config.error();
+  EXPECT_EQ((*only_config)->config().eos_token_ids, std::vector<int64_t>{made[1]});
+  std::ofstream(dir + "/generation_config.json") << json{{"eos_token_id", {made[0], made[1]}}, {"do_sample", true}}.dump();
+  auto m = Model::load(dir);
+  ASSERT_TRUE(m.ok()) << m.error();
+  EXPECT_EQ((*m)->config().eos_token_ids, (std::vector<int64_t>{made[1], made[0]}));
+  // Generation (what `kiln engine generate` does by default) stops on <|im_end|> now.
+  auto s = (*m)->open_session();
+  ASSERT_TRUE((*s)->append(std::vector<int32_t>{1, 2, 3}).ok());
+  GenerateOptions g;
+  g.max_tokens = 4;
+  g.sampling.temperature = 0;
+  auto probe = (*s)->generate(g);
+  ASSERT_TRUE(probe.ok()) << probe.error();
+  std::ofstream(dir + "/generation_config.json", std::ios::trunc) << json{{"eos_token_id", probe->tokens[0]}}.dump();
+  auto m2 = Model::load(dir);
+  ASSERT_TRUE(m2.ok()) << m2.error();
+  auto s2 = (*m2)->open_session();
+  ASSERT_TRUE((*s2)->append(std::vector<int32_t>{1, 2, 3}).ok());
+  for (int64_t e : (*m2)->config().eos_token_ids) g.stop.push_back(int32_t(e));
+  auto r = (*s2)->generate(g);
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->reason, GenerateResult::Reason::stop_token);
+  EXPECT_EQ(r->tokens.size(), 1u);
+  std::ofstream(dir + "/generation_config.json", std::ios::trunc) << R"({"eos_token_id": "<|im_end|>"})";
+  expect_load_error(dir, {"generation_config.json: eos_token_id", "expected a token id"});
+}
+
 }  // namespace
 }  // namespace kiln::engine
