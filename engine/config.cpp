@@ -1,8 +1,12 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -19,18 +23,43 @@ class Reader {
 
   std::string where(const char* key) const { return source_ + ": " + prefix_ + key; }
 
+  // Every read checks the JSON type first: nlohmann's get<> throws on a mismatch (an abort
+  // outside a try) or converts silently (true -> 1), and a config is outside input.
   template <typename T>
   Status get(const char* key, T& out, bool required) const {
-    auto it = s_.find(key);
-    if (it == s_.end() || it->is_null()) {
-      if (required) return make_error(where(key) + " is missing");
+    return read(s_, where(key), key, out, required);
+  }
+
+  // The same for a field of another object (the top level, rope_parameters), named by `where`.
+  template <typename T>
+  static Status read(const json& obj, const std::string& where, const char* key, T& out, bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) {
+      if (required) return make_error(where + " is missing");
       return {};
     }
-    try {
-      out = it->get<T>();
-    } catch (const json::exception& e) {
-      return make_error(where(key) + " has the wrong type (" + it->dump() + ")");
+    bool type_ok;
+    if constexpr (std::is_same_v<T, bool>) type_ok = it->is_boolean();
+    else if constexpr (std::is_same_v<T, std::string>) type_ok = it->is_string();
+    else type_ok = it->is_number();
+    if (!type_ok) return make_error(where + " has the wrong type (" + it->dump() + ")");
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // get<int> narrows silently (4294967300 layers -> 4, head_dim 32.7 -> 32): a count must be
+      // an integer (4096.0 is one) that fits the field.
+      using Lim = std::numeric_limits<T>;
+      bool fits;
+      if (it->is_number_unsigned()) fits = it->template get<uint64_t>() <= uint64_t(Lim::max());
+      else if (it->is_number_integer()) fits = it->template get<int64_t>() >= int64_t(Lim::min()) &&
+                                               it->template get<int64_t>() <= int64_t(Lim::max());
+      else {
+        const double d = it->template get<double>();
+        if (d != std::trunc(d)) return make_error(where + " = " + it->dump() + " is not an integer");
+        static_assert(std::is_signed_v<T>);
+        fits = d >= double(Lim::min()) && d < -double(Lim::min());  // -min: max + 1, exact in a double
+      }
+      if (!fits) return make_error(where + " = " + it->dump() + " is out of range");
     }
+    out = it->template get<T>();
     return {};
   }
 
@@ -57,6 +86,52 @@ class Reader {
     if (!_s.ok()) return make_error(_s.error()); \
   } while (0)
 
+// kiln implements plain partial NeoX RoPE, which is what Qwen3.5's interleaved M-RoPE is for text
+// (model-spec §1.3). Any other scaling (yarn, linear, dynamic, ...) changes the frequencies, so a
+// config asking for one is refused rather than run with the wrong positions. Accepted: the new
+// form {rope_type: "default", rope_theta, partial_rotary_factor, mrope_section, mrope_interleaved}
+// and the old {type: "mrope", mrope_section}.
+Status check_rope_kind(const json& rope, const std::string& where) {
+  if (!rope.is_object()) return make_error(where + " has the wrong type (" + rope.dump() + ")");
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = rope.find(key);
+    if (it == rope.end() || it->is_null()) continue;
+    if (!it->is_string() || (*it != "default" && *it != "mrope"))
+      return make_error(where + "." + key + " = " + it->dump() +
+                        " is not supported (kiln implements \"default\" and \"mrope\" RoPE, no scaling)");
+  }
+  if (auto it = rope.find("mrope_section"); it != rope.end() && !it->is_null()) {
+    bool ok = it->is_array();
+    for (const auto& e : *it) ok = ok && e.is_number_unsigned();
+    if (!ok) return make_error(where + ".mrope_section = " + it->dump() + ": expected a list of section sizes");
+  }
+  if (auto it = rope.find("mrope_interleaved"); it != rope.end() && !it->is_null() && !it->is_boolean())
+    return make_error(where + ".mrope_interleaved has the wrong type (" + it->dump() + ")");
+  for (const auto& [key, value] : rope.items()) {
+    static const char* const known[] = {"rope_type", "type", "rope_theta", "partial_rotary_factor",
+                                        "mrope_section", "mrope_interleaved"};
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known) && !value.is_null())
+      return make_error(where + "." + key + " = " + value.dump() +
+                        " is not supported (a RoPE scaling parameter; kiln implements unscaled RoPE)");
+  }
+  return {};
+}
+
+// Reads `key` of `obj` (absent/null: nothing) as one token id or a list of them into `out`.
+Status parse_token_ids(const json& obj, const char* key, const std::string& where, std::vector<int64_t>& out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return {};
+  auto one = [&](const json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      return make_error(where + " = " + it->dump() + ": expected a token id or a list of token ids");
+    out.push_back(v.get<int64_t>());
+    return {};
+  };
+  if (!it->is_array()) return one(*it);
+  for (const auto& e : *it) KILN_TRY(one(e));
+  return {};
+}
+
 }  // namespace
 
 int ModelConfig::n_full_layers() const {
@@ -74,14 +149,17 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     return make_error(source + ": not valid JSON: " + e.what());
   }
   if (!root.is_object()) return make_error(source + ": top level is not a JSON object");
-  const bool nested = root.contains("text_config") && root["text_config"].is_object();
+  const bool nested = root.contains("text_config") && !root["text_config"].is_null();
+  if (nested && !root["text_config"].is_object())
+    return make_error(source + ": text_config has the wrong type (" + root["text_config"].dump() + ")");
   const json& s = nested ? root["text_config"] : root;
   Reader r(s, nested ? "text_config." : "", source);
 
   ModelConfig c;
   std::string text_type;
   KILN_TRY(r.get("model_type", text_type, false));
-  c.model_type = root.value("model_type", text_type);
+  c.model_type = text_type;
+  KILN_TRY(Reader::read(root, source + ": model_type", "model_type", c.model_type, false));
   if (c.model_type.empty()) c.model_type = text_type;
   const bool moe_type = c.model_type.rfind("qwen3_5_moe", 0) == 0 || text_type.rfind("qwen3_5_moe", 0) == 0;
   const bool dense_type = !moe_type && (c.model_type.rfind("qwen3_5", 0) == 0 || text_type.rfind("qwen3_5", 0) == 0);
@@ -102,19 +180,17 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   c.max_position_embeddings = 262144;
   KILN_TRY(r.get("max_position_embeddings", c.max_position_embeddings, false));
   KILN_TRY(r.range("max_position_embeddings", double(c.max_position_embeddings), 1, 1e9, "1..1e9"));
-  c.tie_word_embeddings = root.value("tie_word_embeddings", false);
+  KILN_TRY(Reader::read(root, source + ": tie_word_embeddings", "tie_word_embeddings", c.tie_word_embeddings, false));
   KILN_TRY(r.get("tie_word_embeddings", c.tie_word_embeddings, false));
   KILN_TRY(r.get("dtype", c.dtype, false));
-  if (s.contains("torch_dtype") && s["torch_dtype"].is_string()) c.dtype = s["torch_dtype"].get<std::string>();
+  KILN_TRY(r.get("torch_dtype", c.dtype, false));
 
   // eos_token_id: an int or a list of ints, in text_config or at the top level.
+  // A stop id of the wrong type would silently never stop generation: it is an error.
   for (const json* sec : std::initializer_list<const json*>{&s, &root}) {
-    auto it = sec->find("eos_token_id");
-    if (it == sec->end() || it->is_null() || !c.eos_token_ids.empty()) continue;
-    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
-    else if (it->is_array())
-      for (const auto& e : *it)
-        if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
+    if (!c.eos_token_ids.empty()) break;
+    const std::string where = sec == &s ? r.where("eos_token_id") : source + ": eos_token_id";
+    KILN_TRY(parse_token_ids(*sec, "eos_token_id", where, c.eos_token_ids));
   }
   KILN_TRY(r.get("bos_token_id", c.bos_token_id, false));
 
@@ -156,14 +232,19 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 
   // RoPE: rope_parameters (new form) or top-level rope_theta / partial_rotary_factor (old form).
   const json* rp = nullptr;
-  for (const char* key : {"rope_parameters", "rope_scaling"})
-    if (!rp && s.contains(key) && s[key].is_object()) rp = &s[key];
-  auto read_num = [&](const char* key, double& out) {
-    if (rp && rp->contains(key) && (*rp)[key].is_number()) out = (*rp)[key].get<double>();
-    else if (s.contains(key) && s[key].is_number()) out = s[key].get<double>();
+  std::string rp_name;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!s.contains(key) || s[key].is_null()) continue;
+    KILN_TRY(check_rope_kind(s[key], r.where(key)));
+    if (!rp) rp = &s[key], rp_name = std::string(key) + ".";
+  }
+  auto read_num = [&](const char* key, double& out) -> Status {
+    if (rp && rp->contains(key) && !(*rp)[key].is_null())
+      return Reader::read(*rp, r.where((rp_name + key).c_str()), key, out, false);
+    return r.get(key, out, false);
   };
-  read_num("rope_theta", c.rope_theta);
-  read_num("partial_rotary_factor", c.partial_rotary_factor);
+  KILN_TRY(read_num("rope_theta", c.rope_theta));
+  KILN_TRY(read_num("partial_rotary_factor", c.partial_rotary_factor));
   KILN_TRY(r.range("rope_theta", c.rope_theta, 1, 1e12, "1..1e12"));
   KILN_TRY(r.range("partial_rotary_factor", c.partial_rotary_factor, 0, 1, "0..1"));
   c.rotary_dim = int(std::lround(c.head_dim * c.partial_rotary_factor));
@@ -205,6 +286,23 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     KILN_TRY(r.range("intermediate_size", double(c.intermediate_size), 1, 1 << 20, "1..2^20"));
   }
   return c;
+}
+
+Status merge_generation_config(ModelConfig& c, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return make_error(path + ": not a JSON object");
+  std::vector<int64_t> ids;
+  KILN_TRY(parse_token_ids(j, "eos_token_id", path + ": eos_token_id", ids));
+  for (int64_t id : ids)
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  return {};
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {

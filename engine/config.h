@@ -64,5 +64,8 @@ struct ModelConfig {
 // Parses config.json text. `source` names the file in error messages.
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
 Result<ModelConfig> load_model_config(const std::string& path);
+// Adds generation_config.json's eos_token_id (an int or a list) to c.eos_token_ids when the file
+// exists: the released checkpoints list <|im_end|>, the end of a chat turn, only there.
+Status merge_generation_config(ModelConfig& c, const std::string& path);
 
 }  // namespace kiln::engine

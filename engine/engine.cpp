@@ -2,17 +2,30 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 
 namespace kiln::engine {
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineOptions& options) {
+  // The last line of defence: loading reads outside input (JSON, headers, sizes), and an
+  // exception escaping here would abort the process (or leave a server's model slot loading).
+  try {
+    return load_checked(dir, options);
+  } catch (const std::exception& e) {
+    return make_error(dir + ": model failed to load: " + e.what());
+  }
+}
+
+Result<std::unique_ptr<Model>> Model::load_checked(const std::string& dir, const EngineOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->options_ = options;
   auto config = load_model_config((std::filesystem::path(dir) / "config.json").string());
   if (!config) return make_error(config.error());
   m->config_ = std::move(config).value();
+  Status gen = merge_generation_config(m->config_, (std::filesystem::path(dir) / "generation_config.json").string());
+  if (!gen) return make_error(gen.error());
   auto ck = Checkpoint::open_dir(dir);
   if (!ck) return make_error(ck.error());
   m->checkpoint_ = std::move(ck).value();

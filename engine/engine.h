@@ -106,6 +106,7 @@ class Model {
   friend class Session;
   friend struct SessionCall;
   Model() = default;
+  static Result<std::unique_ptr<Model>> load_checked(const std::string& dir, const EngineOptions& options);
   // Frees the KV pages of the least recently used session that is not inside a call (never
   // `requester`, never one whose call this thread is in). False when there is none, or when the
   // free pages and all idle sessions' pages together are fewer than pages_needed.

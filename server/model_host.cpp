@@ -217,29 +217,38 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     options.max_sessions = s.config.max_sessions;
     options.weights = engine::cpu::parse_weight_choice(s.config.weights).value_or(std::nullopt);  // validated
     options.cache_dtype = engine::parse_cache_dtype(s.config.cache_dtype).value_or(engine::CacheDtype::f32);  // validated
-    auto loaded = std::make_shared<Loaded>();
+    std::shared_ptr<Loaded> loaded;
     std::string error;
-    auto model = engine::Model::load(s.config.path, options);
-    if (!model.ok()) {
-      error = "model failed to load: " + model.error();
-    } else {
-      auto tokenizer = engine::Tokenizer::load_model_dir(s.config.path);
-      if (!tokenizer.ok()) {
-        error = "tokenizer failed to load: " + tokenizer.error;
+    // Loading reads outside input (the tokenizer's JSON among it): an exception must end as this
+    // model's load error, or s.loading would stay set and every later open() would wait forever.
+    try {
+      loaded = std::make_shared<Loaded>();
+      auto model = engine::Model::load(s.config.path, options);
+      if (!model.ok()) {
+        error = "model failed to load: " + model.error();
       } else {
-        loaded->model = std::move(model.value());
-        loaded->tokenizer = std::move(tokenizer.tokenizer);
-        agent::EngineChatModelOptions chat;
-        chat.sampling.temperature = static_cast<float>(s.config.sampling.temperature);
-        chat.sampling.top_p = static_cast<float>(s.config.sampling.top_p);
-        chat.sampling.top_k = s.config.sampling.top_k;
-        chat.sampling.seed = s.config.sampling.seed;
-        // A session can never hold more than the whole KV pool: compact before reaching it
-        // rather than fail the turn with "context memory exhausted".
-        if (loaded->model->config().n_full_layers() > 0) chat.context_limit = loaded->model->plan().kv_tokens;
-        loaded->provider =
-            agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}}, store_);
+        auto tokenizer = engine::Tokenizer::load_model_dir(s.config.path);
+        if (!tokenizer.ok()) {
+          error = "tokenizer failed to load: " + tokenizer.error;
+        } else {
+          loaded->model = std::move(model.value());
+          loaded->tokenizer = std::move(tokenizer.tokenizer);
+          agent::EngineChatModelOptions chat;
+          chat.sampling.temperature = static_cast<float>(s.config.sampling.temperature);
+          chat.sampling.top_p = static_cast<float>(s.config.sampling.top_p);
+          chat.sampling.top_k = s.config.sampling.top_k;
+          chat.sampling.seed = s.config.sampling.seed;
+          // A session can never hold more than the whole KV pool: compact before reaching it
+          // rather than fail the turn with "context memory exhausted".
+          if (loaded->model->config().n_full_layers() > 0) chat.context_limit = loaded->model->plan().kv_tokens;
+          loaded->provider =
+              agent::engine_model_provider({{name, {loaded->model.get(), loaded->tokenizer.get(), chat}}}, store_);
+        }
       }
+    } catch (const std::exception& e) {
+      error = std::string("model failed to load: ") + e.what();
+    } catch (...) {
+      error = "model failed to load: unknown exception";
     }
 
     lock.lock();

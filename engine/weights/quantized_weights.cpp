@@ -1,9 +1,14 @@
 #include "engine/weights/quantized_weights.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +23,9 @@ namespace kiln::engine {
 
 namespace {
 
-constexpr uint32_t kLayoutVersion = 2;  // bump when a block layout in quant.h changes
+// Bump when a block layout in quant.h, the header or the fingerprint changes (3: the header names
+// the lm_head choice; the fingerprint covers the shard files' identity).
+constexpr uint32_t kLayoutVersion = 3;
 constexpr uint64_t kDataOffset = 4096;  // data starts page-aligned in the cache file
 constexpr uint64_t kAlign = 64;
 
@@ -29,7 +36,14 @@ struct CacheHeader {
   uint64_t fingerprint;
   uint64_t count;
   uint64_t data_bytes;
+  uint32_t lm_head;  // 1: kept as stored, 2: converted (tells a dead cache from another choice's)
+  uint32_t reserved;
 };
+
+// A temporary cache file nobody holds the lock of is a load that died; this long after its last
+// write it is removed. Where the file system refuses locks, only age tells, so that is longer.
+constexpr auto kStaleTempUnlocked = std::chrono::seconds(60);
+constexpr auto kStaleTempNoLocks = std::chrono::minutes(10);
 
 Dtype dtype_for(cpu::WeightFormat f) {
   switch (f) {
@@ -64,6 +78,12 @@ uint64_t fingerprint(const Checkpoint& ck, const WeightLoadOptions& o, const std
     const int64_t rc[2] = {m->rows, m->cols};
     h = fnv(h, rc, sizeof rc);
   }
+  // The sampled bytes miss a fine-tune that changes other rows; any rewrite of a shard changes
+  // its size, mtime or inode (a copy, or an in-place write), so the cache is rebuilt once.
+  for (const auto& f : ck.files()) {
+    const uint64_t id[3] = {uint64_t(f->size()), f->mtime_ns(), f->inode()};
+    h = fnv(h, id, sizeof id);
+  }
   return h;
 }
 
@@ -91,48 +111,97 @@ void convert_matrix(const Matrix& src, cpu::WeightFormat f, uint8_t* dst, Thread
   else work(0, src.rows);
 }
 
+bool write_all(int fd, const uint8_t* p, uint64_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, size_t(std::min<uint64_t>(n, 1u << 30)));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= uint64_t(w);
+  }
+  return true;
+}
+
+// Written under a name unique to this writer (mkstemp: a pid is not unique across containers
+// sharing the directory, where every kiln may be pid 1) and renamed over `path`, so readers see
+// a whole file or none. The temp file is flock'ed while written: the lock tells another load's
+// sweep it is in progress, and dies with the process if the load is killed.
 Status write_cache(const std::string& path, const CacheHeader& hdr, const uint8_t* data) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return make_error("cannot create weight cache " + tmp + ": " + std::strerror(errno));
-    std::vector<char> head(kDataOffset, 0);
-    std::memcpy(head.data(), &hdr, sizeof hdr);
-    f.write(head.data(), std::streamsize(head.size()));
-    f.write(reinterpret_cast<const char*>(data), std::streamsize(hdr.data_bytes));
-    if (!f.flush()) {
-      std::filesystem::remove(tmp);
-      return make_error("cannot write weight cache " + tmp + " (disk full?)");
-    }
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return make_error("cannot create weight cache " + tmp + ": " + std::strerror(errno));
+  ::flock(fd, LOCK_EX);  // best effort: without locks the sweep goes by age alone
+  ::fchmod(fd, 0644);    // mkstemp makes 0600; a kiln of another user may read the cache
+  std::vector<uint8_t> head(kDataOffset, 0);
+  std::memcpy(head.data(), &hdr, sizeof hdr);
+  if (!write_all(fd, head.data(), head.size()) || !write_all(fd, data, hdr.data_bytes)) {
+    const std::string e = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    ::close(fd);
+    return make_error("cannot write weight cache " + tmp + ": " + e);
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return make_error("cannot rename weight cache to " + path + ": " + ec.message());
-  }
+  const std::string why = ec.message();  // before the cleanup below reuses errno
+  if (ec) ::unlink(tmp.c_str());
+  ::close(fd);  // releases the lock only now: the file is under its final name (or gone)
+  if (ec) return make_error("cannot rename weight cache " + tmp + " to " + path + ": " + why);
   return {};
 }
 
-// Caches an older kiln wrote (an earlier block layout) are never read again: this removes them,
-// so an upgrade does not leave a model's worth of dead bytes beside every checkpoint. Files of
-// this layout (other formats, other lm_head choices) and of newer ones are left alone.
-std::vector<std::string> remove_outdated_caches(const std::string& dir) {
+bool older_than(const std::filesystem::path& p, std::filesystem::file_time_type::duration age) {
+  std::error_code ec;
+  const auto t = std::filesystem::last_write_time(p, ec);
+  return !ec && std::filesystem::file_time_type::clock::now() - t > age;
+}
+
+// A temporary cache file left by a load that did not finish (killed, crashed): nobody holds its
+// lock and it has not been written for a while. One being written now is never touched.
+bool is_stale_temp(const std::filesystem::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  bool stale;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) stale = older_than(p, kStaleTempUnlocked);
+  else stale = errno != EWOULDBLOCK && older_than(p, kStaleTempNoLocks);  // locks unsupported here
+  ::close(fd);
+  return stale;
+}
+
+// Keeps the model directory from filling with dead caches; returns a note per removed file.
+// Removed: temporary files of loads that died; caches an older kiln wrote (an earlier layout);
+// caches of this format and lm_head choice with another fingerprint (an earlier state of the
+// checkpoint: each update would otherwise leave a full-size dead cache). Left alone: other
+// formats and lm_head choices (another server may use them), and newer layouts.
+std::vector<std::string> tidy_cache_dir(const std::string& dir, const CacheHeader& ours) {
   std::vector<std::string> removed;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("kiln-weights-", 0) != 0 || entry.path().extension() != ".bin") continue;
-    CacheHeader h{};
-    {
-      std::ifstream f(entry.path(), std::ios::binary);
-      if (!f.read(reinterpret_cast<char*>(&h), sizeof h)) continue;
+    std::error_code type_ec;
+    if (name.rfind("kiln-weights-", 0) != 0 || !entry.is_regular_file(type_ec)) continue;
+    std::string why;
+    if (name.find(".bin.tmp.") != std::string::npos) {
+      if (!is_stale_temp(entry.path())) continue;
+      why = "left by a load that did not finish";
+    } else if (entry.path().extension() == ".bin") {
+      CacheHeader h{};
+      {
+        std::ifstream f(entry.path(), std::ios::binary);
+        if (!f.read(reinterpret_cast<char*>(&h), sizeof h)) continue;
+      }
+      if (std::memcmp(h.magic, "KILNWTS1", 8) != 0) continue;
+      if (h.version < kLayoutVersion)
+        why = "layout version " + std::to_string(h.version) + ", this kiln reads " + std::to_string(kLayoutVersion);
+      else if (h.version == kLayoutVersion && h.format == ours.format && h.lm_head == ours.lm_head &&
+               h.fingerprint != ours.fingerprint)
+        why = "made from an earlier state of the checkpoint";
+      else
+        continue;
+    } else {
+      continue;
     }
-    if (std::memcmp(h.magic, "KILNWTS1", 8) != 0 || h.version >= kLayoutVersion) continue;
     std::error_code rm;
-    if (std::filesystem::remove(entry.path(), rm))
-      removed.push_back("removed weight cache " + entry.path().string() + " (layout version " +
-                        std::to_string(h.version) + ", this kiln reads " + std::to_string(kLayoutVersion) + ")");
+    if (std::filesystem::remove(entry.path(), rm)) removed.push_back("removed weight cache " + entry.path().string() + " (" + why + ")");
   }
   return removed;
 }
@@ -204,15 +273,24 @@ Result<std::unique_ptr<StoredWeights>> StoredWeights::apply(ModelWeights& w, con
   hdr.fingerprint = fingerprint(ck, o, todo);
   hdr.count = todo.size();
   hdr.data_bytes = total;
+  hdr.lm_head = o.quantize_lm_head ? 2 : 1;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hdr.fingerprint));
   const std::string path = (std::filesystem::path(dir) / (std::string("kiln-weights-") +
                                                           cpu::weight_format_name(o.format) + "-" + hex + ".bin"))
                                .string();
   const uint8_t* base = nullptr;
-  if (o.use_cache && std::filesystem::exists(path)) {
-    auto mf = MappedFile::open(path);
-    if (!mf) return make_error(mf.error());
+  // Before a write too: the space of dead caches may be what the new one needs.
+  if (o.use_cache)
+    for (std::string& note : tidy_cache_dir(dir, hdr)) sw->warnings_.push_back(std::move(note));
+  std::error_code exists_ec;
+  auto mf = o.use_cache && std::filesystem::exists(path, exists_ec) ? MappedFile::open(path)
+                                                                     : Result<std::unique_ptr<MappedFile>>(nullptr);
+  if (!mf) {
+    // A cache that cannot be opened or mapped (permissions, not a file) costs its speed, never
+    // the load: quantize again (in memory if the cache cannot be rewritten either).
+    sw->warnings_.push_back("weight cache unusable: " + mf.error() + "; re-quantizing");
+  } else if (*mf) {
     CacheHeader got{};
     if ((*mf)->size() >= sizeof got) std::memcpy(&got, (*mf)->data(), sizeof got);
     if ((*mf)->size() != kDataOffset + total || std::memcmp(&got, &hdr, sizeof hdr) != 0) {
@@ -244,8 +322,6 @@ Result<std::unique_ptr<StoredWeights>> StoredWeights::apply(ModelWeights& w, con
       else sw->warnings_.push_back(s.error() + "; the next load quantizes again");
     }
   }
-  if (!sw->cache_path_.empty())
-    for (std::string& note : remove_outdated_caches(dir)) sw->warnings_.push_back(std::move(note));
   for (size_t i = 0; i < todo.size(); ++i) *todo[i] = Matrix{base + offsets[i], target, todo[i]->rows, todo[i]->cols};
   return sw;
 }

@@ -10,9 +10,15 @@
 //
 // Cache file: `<model dir>/kiln-weights-<format>-<fingerprint>.bin`, where the fingerprint hashes
 // every tensor's name, dtype, shape and sampled bytes (first, middle and last 256 bytes; a full
-// content hash would read the whole checkpoint on every load), the format and the layout version.
-// Written to a temporary name and renamed, so a crash never leaves a half file under the real
-// name. An unwritable model directory only costs the cache (a warning), never the load.
+// content hash would read the whole checkpoint on every load), each shard file's size, mtime (ns)
+// and inode (so a rewritten checkpoint, e.g. a fine-tune changing other rows, is re-quantized
+// once), the format and the layout version.
+// Written to a unique temporary name (mkstemp, flock'ed while written) and renamed, so a crash
+// never leaves a half file under the real name. Each load with the cache on tidies the directory:
+// temp files of loads that died (unlocked, a minute old), caches of an older layout, and caches
+// of the same format and lm_head choice made from an earlier state of the checkpoint. A cache
+// that cannot be opened or mapped, or an unwritable model directory, only costs the cache (a
+// warning), never the load.
 #pragma once
 
 #include <cstdint>

@@ -94,6 +94,8 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   std::unique_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = size_t(st.st_size);
+  f->mtime_ns_ = uint64_t(st.st_mtim.tv_sec) * 1000000000ull + uint64_t(st.st_mtim.tv_nsec);
+  f->inode_ = uint64_t(st.st_ino);
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -136,11 +138,22 @@ static size_t stored_size(const std::string& s) {  // element size of any safete
   return 1;  // I8, U8, BOOL, F8_*
 }
 
+// A JSON array of non-negative integers (shape, data_offsets). A float or a negative number would
+// otherwise be cast by get<> (undefined for 1e30, a huge value for -128).
+static bool read_counts(const nlohmann::json& v, std::vector<uint64_t>& out) {
+  if (!v.is_array()) return false;
+  for (const auto& e : v) {
+    if (e.is_number_unsigned()) out.push_back(e.get<uint64_t>());
+    else if (e.is_number_integer() && e.get<int64_t>() >= 0) out.push_back(uint64_t(e.get<int64_t>()));
+    else return false;
+  }
+  return true;
+}
+
 Status Checkpoint::add_file(const std::string& path) {
   auto mapped = MappedFile::open(path);
   if (!mapped) return make_error(mapped.error());
   const MappedFile& f = **mapped;
-  const std::string name = std::filesystem::path(path).filename().string();
   if (f.size() < 8) return make_error(path + ": truncated file (" + std::to_string(f.size()) + " bytes, no header)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, f.data(), 8);
@@ -156,35 +169,60 @@ Status Checkpoint::add_file(const std::string& path) {
   if (!header.is_object()) return make_error(path + ": safetensors header is not a JSON object");
   const uint8_t* base = f.data() + 8 + header_len;
   const size_t payload = f.size() - 8 - header_len;
+  struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const auto& v = it.value();
     TensorInfo t;
     t.name = it.key();
     t.file = path;
-    try {
-      t.dtype_string = v.at("dtype").get<std::string>();
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1]) return make_error(path + ": tensor " + t.name + ": bad data_offsets");
-      if (off[1] > payload)
-        return make_error(path + ": truncated file: tensor " + t.name + " data ends at byte " +
-                          std::to_string(off[1]) + " of a " + std::to_string(payload) + "-byte payload");
-      t.data = base + off[0];
-      t.nbytes = off[1] - off[0];
-    } catch (const nlohmann::json::exception& e) {
-      return make_error(path + ": tensor " + t.name + ": malformed header entry: " + e.what());
-    }
+    const std::string where = path + ": tensor " + t.name;
+    if (!v.is_object()) return make_error(where + ": malformed header entry " + v.dump());
+    auto dtype = v.find("dtype");
+    if (dtype == v.end() || !dtype->is_string()) return make_error(where + ": dtype is missing or not a string");
+    t.dtype_string = dtype->get<std::string>();
+    std::vector<uint64_t> shape, off;
+    if (!v.contains("shape") || !read_counts(v["shape"], shape))
+      return make_error(where + ": shape must be a list of non-negative integers, not " +
+                        (v.contains("shape") ? v["shape"].dump() : std::string("missing")));
+    // numel and the byte size are checked products: a huge shape would wrap (signed overflow).
+    uint64_t numel = 1, needed = 0;
+    for (uint64_t d : shape)
+      if (d > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, d, &numel) || numel > uint64_t(INT64_MAX))
+        return make_error(where + ": shape " + v["shape"].dump() + " has more elements than fit in 64 bits");
+    if (__builtin_mul_overflow(numel, uint64_t(stored_size(t.dtype_string)), &needed))
+      return make_error(where + ": shape " + v["shape"].dump() + " needs more bytes than fit in 64 bits");
+    for (uint64_t d : shape) t.shape.push_back(int64_t(d));
+    if (!v.contains("data_offsets") || !read_counts(v["data_offsets"], off) || off.size() != 2 || off[0] > off[1])
+      return make_error(where + ": bad data_offsets " +
+                        (v.contains("data_offsets") ? v["data_offsets"].dump() : std::string("(missing)")));
+    if (off[1] > payload)
+      return make_error(path + ": truncated file: tensor " + t.name + " data ends at byte " +
+                        std::to_string(off[1]) + " of a " + std::to_string(payload) + "-byte payload");
+    t.data = base + off[0];
+    t.nbytes = off[1] - off[0];
     t.dtype = parse_dtype(t.dtype_string);
-    if (uint64_t(t.numel()) * stored_size(t.dtype_string) != t.nbytes)
-      return make_error(path + ": tensor " + t.name + " " + t.shape_string() + " " + t.dtype_string + " needs " +
-                        std::to_string(t.numel() * stored_size(t.dtype_string)) + " bytes but has " +
-                        std::to_string(t.nbytes));
+    if (needed != t.nbytes)
+      return make_error(where + " " + t.shape_string() + " " + t.dtype_string + " needs " + std::to_string(needed) +
+                        " bytes but has " + std::to_string(t.nbytes));
     if (tensors_.count(t.name))
       return make_error(path + ": tensor " + t.name + " also appears in " + tensors_[t.name].file);
-    (void)name;
-    tensors_.emplace(t.name, std::move(t));
+    auto placed = tensors_.emplace(t.name, std::move(t)).first;
+    if (off[1] > off[0]) ranges.push_back({off[0], off[1], &placed->first});
   }
+  // Each tensor owns its bytes (safetensors writes them back to back): overlapping ranges are a
+  // corrupt or hostile header, and would make two weights alias each other.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      return make_error(path + ": tensors " + *ranges[i - 1].name + " and " + *ranges[i].name +
+                        " overlap (bytes " + std::to_string(ranges[i - 1].begin) + ".." +
+                        std::to_string(ranges[i - 1].end) + " and " + std::to_string(ranges[i].begin) + ".." +
+                        std::to_string(ranges[i].end) + ")");
   files_.push_back(std::move(mapped).value());
   return {};
 }
@@ -214,8 +252,21 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open_dir(const std::string& dir)
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       return make_error(index.string() + ": no weight_map object");
     std::set<std::string> shards;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it)
-      if (it.value().is_string()) shards.insert(it.value().get<std::string>());
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        return make_error(index.string() + ": weight_map entry \"" + it.key() + "\" is " + it.value().dump() +
+                          ", not a shard file name");
+      // A shard is a file of this model directory: an absolute path or a ".." would let an index
+      // read any file (symlinks inside the directory, as the HF cache uses, are followed as usual).
+      const std::string shard = it.value().get<std::string>();
+      const fs::path rel(shard);
+      bool escapes = rel.empty() || rel.has_root_path();
+      for (const fs::path& part : rel) escapes = escapes || part == "..";
+      if (escapes)
+        return make_error(index.string() + ": weight_map entry \"" + it.key() + "\" names shard \"" + shard +
+                          "\", which is not a file inside the model directory");
+      shards.insert(shard);
+    }
     for (const auto& s : shards) files.push_back((fs::path(dir) / s).string());
     auto c = open_files(files);
     if (!c) return c;

@@ -32,11 +32,15 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Identity of the file when it was opened (fstat): a rewrite changes at least one of these.
+  uint64_t mtime_ns() const { return mtime_ns_; }
+  uint64_t inode() const { return inode_; }
 
  private:
   MappedFile() = default;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  uint64_t mtime_ns_ = 0, inode_ = 0;
   std::string path_;
 };
 
@@ -62,6 +66,7 @@ class Checkpoint {
 
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<std::unique_ptr<MappedFile>>& files() const { return files_; }  // in open order
 
  private:
   Status add_file(const std::string& path);

@@ -215,9 +215,12 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const Checkpoint& ck, co
     inactive = int64_t(c.num_hidden_layers) * (c.num_experts - c.num_experts_per_tok) * 3 * H * down.cols;
     inactive_bytes = inactive * int64_t(dtype_size(down.dtype));
   }
-  w.n_params_active = w.n_params - inactive - (V - 1) * H;  // one embedding row is read per token
+  // One embedding row is read per token, unless the lm_head is the embedding (tied): then the
+  // whole matrix is read as the head, and it is counted once in n_params.
+  const int64_t unread_rows = w.lm_head.data == w.embed_tokens.data ? 0 : V - 1;
+  w.n_params_active = w.n_params - inactive - unread_rows * H;
   w.n_bytes = b.n_bytes();
-  w.n_bytes_active = w.n_bytes - inactive_bytes - (V - 1) * H * int64_t(dtype_size(w.embed_tokens.dtype));
+  w.n_bytes_active = w.n_bytes - inactive_bytes - unread_rows * H * int64_t(dtype_size(w.embed_tokens.dtype));
   w.warnings = b.unclaimed();
   return w;
 }

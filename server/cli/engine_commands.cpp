@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -26,6 +27,8 @@ namespace {
 
 using namespace kiln::engine;
 
+// Comma-separated non-negative int32s; `bad` names the first item that is not one. A value out of
+// range is refused, not wrapped (4294967297 would become token 1).
 bool parse_ids(const std::string& text, std::vector<int32_t>& out, std::string& bad) {
   std::stringstream ss(text);
   std::string item;
@@ -33,8 +36,8 @@ bool parse_ids(const std::string& text, std::vector<int32_t>& out, std::string& 
     if (item.empty()) continue;
     try {
       size_t used = 0;
-      long v = std::stol(item, &used);
-      if (used != item.size()) throw std::invalid_argument(item);
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
       out.push_back(int32_t(v));
     } catch (...) {
       bad = item;
@@ -256,7 +259,7 @@ void add_generate(CLI::App& engine, Context& ctx) {
   add_model_args(sub, *a);
   auto* t = sub->add_option("--tokens", a->tokens, "Comma-separated prompt token ids");
   sub->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer.json)")->excludes(t);
-  sub->add_option("--stop", a->stop, "Comma-separated stop ids (default: the config's eos ids)");
+  sub->add_option("--stop", a->stop, "Comma-separated stop ids (default: the eos ids of config.json and generation_config.json)");
   add_sampling_args(sub, a->gen);
   sub->callback([&ctx, a] {
     std::vector<int32_t> ids;
@@ -268,7 +271,8 @@ void add_generate(CLI::App& engine, Context& ctx) {
       tokenizer = std::move(t.tokenizer);
       ids = tokenizer->encode(a->prompt);
     } else if (!parse_ids(a->tokens, ids, bad) || ids.empty()) {
-      return void(fail(ctx, "generate", "--tokens: give comma-separated prompt ids ('" + bad + "')"));
+      return void(fail(ctx, "generate", "--tokens: give comma-separated prompt ids ('" + bad +
+                                            "' is not a token id: 0..2147483647)"));
     }
     auto m = load(*a);
     if (!m) return void(fail(ctx, "generate", m.error()));

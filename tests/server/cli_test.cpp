@@ -72,6 +72,18 @@ TEST(Cli, NonFiniteSamplingValuesAreUsageErrors) {
   }
 }
 
+// Token ids were parsed as long and cast to int32: 4294967297 became token 1.
+TEST(Cli, EngineTokenIdsOutsideInt32AreRefusedNotWrapped) {
+  for (const char* ids : {"1,4294967297", "-1", "2147483648"}) {
+    CliResult r = run_cli({"engine", "generate", "--model", "/nonexistent", "--tokens", ids});
+    EXPECT_EQ(r.exit_code, 1) << ids;
+    EXPECT_NE(r.err.find("is not a token id"), std::string::npos) << r.err;
+    r = run_cli({"engine", "logits", "--model", "/nonexistent", "--tokens", ids});
+    EXPECT_EQ(r.exit_code, 1) << ids;
+    EXPECT_NE(r.err.find("is not a token id"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, UnknownOptionIsAUsageError) {
   CliResult r = run_cli({"serve", "--no-such-flag"});
   EXPECT_EQ(r.exit_code, 2);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "engine/capacity.h"
@@ -139,6 +140,32 @@ TEST(ModelHost, AModelThatFailsToLoadGivesAnErrorAndShowsIt) {
   EXPECT_FALSE(entry["loaded"].get<bool>());
   EXPECT_NE(entry["residency"]["load_error"].get<std::string>().find("failed to load"), std::string::npos);
   EXPECT_FALSE(host.open("nope", 2).ok());
+}
+
+// A load that throws (here the tokenizer's reader, on a tokenizer.json whose model.type is a
+// number) is that model's load error: the slot leaves `loading`, so the next open() answers
+// instead of waiting forever.
+TEST(ModelHost, ALoadThatThrowsIsAnErrorAndDoesNotLeaveTheModelLoading) {
+  TwoModels t;
+  const std::string tok = t.a.path + "/tokenizer.json";
+  json j;
+  {
+    std::ifstream in(tok);
+    j = json::parse(in);
+  }
+  j["model"]["type"] = 5;
+  std::ofstream(tok, std::ios::trunc) << j.dump();
+  ModelRegistry registry({t.a});
+  std::ostringstream log;
+  ModelHost host({t.a}, 0, &registry, log);
+  for (int64_t build = 1; build <= 2; ++build) {
+    agent::Result<std::unique_ptr<agent::ChatModel>> r = agent::Error{"not run"};
+    ASSERT_NO_THROW(r = host.open("tiny-a", build));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().find("model failed to load"), std::string::npos) << r.error();
+    EXPECT_FALSE(host.state("tiny-a").loaded);
+  }
+  EXPECT_EQ(model_entry(registry.describe(nullptr), "tiny-a")["residency"]["state"], "unloaded");
 }
 
 
