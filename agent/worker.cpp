@@ -453,7 +453,7 @@ class BuildRun {
     request.result_diff = diff_;
     if (outcome.status != BuildStatus::succeeded) request.error_message = outcome.message;
     auto finished = store_.finish(build_.id, build_.attempt, request);
-    BuildReport report{finished.ok(), outcome.status, outcome.reason, outcome.message, ""};
+    BuildReport report{finished.ok(), outcome.status, outcome.reason, outcome.message, "", ""};
     if (!finished.ok()) report.message = "finish not written: " + finished.error().message;
     if (!published_.empty()) report.results_repo = results_repo_.string();
     if (finished.ok() && !options_.keep_workspaces && !keep_workspace_) {
