@@ -132,9 +132,11 @@ class BuildRun {
       report.commit = head.value;
       return report;
     }
-    auto model = models_(build_.spec.model, build_.id);
+    const Clock::time_point wait_start = Clock::now();
+    auto model = models_(build_.spec.model, build_.id);  // may load it, or wait for a free session
+    metrics_.seconds_model_wait = seconds_since(wait_start);
     if (!model) return finish({BuildStatus::error, OutcomeReason::model_error, "model `" + build_.spec.model + "`: " + model.error()});
-    metrics_.seconds_setup = seconds_since(started_);
+    metrics_.seconds_setup = seconds_since(started_) - metrics_.seconds_model_wait;
 
     AgentResult agent = run_agent_phase(**model, resume_note);
     if (agent.reason == StopReason::lease_lost || agent.reason == StopReason::shutdown)
@@ -441,7 +443,7 @@ class BuildRun {
                    {"fetch", "git fetch " + results_repo_.string() + " " + branch_},
                    {"message", "the result branch is kept in the results repository"}});
     }
-    metrics_.seconds_wall = seconds_since(started_);
+    metrics_.seconds_wall = seconds_since(started_) - metrics_.seconds_model_wait;
     emit("metric", Json::parse(store::to_json(metrics_)));
     if (auto added = store_.add_metrics(build_.id, build_.attempt, metrics_); !added.ok())
       std::cerr << "level=warn component=agent build=" << build_.id << " msg=\"metrics not written\" error=\""
@@ -473,7 +475,7 @@ class BuildRun {
   // attempt is handed back at once (store release, fenced): the build is queued again now, not
   // when its lease expires, and a restart does not use up one of its attempts.
   BuildReport abandoned(std::string message) {
-    metrics_.seconds_wall = seconds_since(started_);
+    metrics_.seconds_wall = seconds_since(started_) - metrics_.seconds_model_wait;
     emit("metric", Json::parse(store::to_json(metrics_)));
     (void)store_.add_metrics(build_.id, build_.attempt, metrics_);
     if (stop_.cause() == StopCause::shutdown) {

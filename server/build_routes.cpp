@@ -194,7 +194,10 @@ json build_json(const store::Build& b) {
             {"error_message", opt(b.error_message)},
             {"has_diff", b.has_diff},
             {"metrics", metrics}};
-  if (b.finished_ms && b.started_ms) j["duration_s"] = static_cast<double>(*b.finished_ms - *b.started_ms) / 1000.0;
+  // The build's own time over all its attempts (what compare ranks: no queue, no wait for the
+  // model); finish minus the last claim only when the worker recorded none.
+  if (b.metrics.seconds_wall > 0) j["duration_s"] = b.metrics.seconds_wall;
+  else if (b.finished_ms && b.started_ms) j["duration_s"] = static_cast<double>(*b.finished_ms - *b.started_ms) / 1000.0;
   return j;
 }
 

@@ -17,7 +17,7 @@ std::string build_select(bool include_diff) {
          ", b.error_message, m.tokens_prefilled, m.tokens_cached, m.tokens_generated, "
          "m.tokens_reasoning, m.steps, m.tool_calls_json, m.seconds_queue, m.seconds_setup, "
          "m.seconds_prefill, m.seconds_decode, m.seconds_tools, m.seconds_verify, m.seconds_wall, "
-         "b.result_diff IS NOT NULL AND b.result_diff <> '' "
+         "b.result_diff IS NOT NULL AND b.result_diff <> '', m.seconds_model_wait "
          "FROM builds b JOIN build_metrics m ON m.build_id = b.id ";
 }
 
@@ -60,6 +60,7 @@ Build read_build(const Query& q) {
   m.seconds_verify = q.f64(34);
   m.seconds_wall = q.f64(35);
   b.has_diff = q.i64(36) != 0;
+  m.seconds_model_wait = q.f64(37);
   return b;
 }
 

@@ -8,7 +8,8 @@ Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) 
   auto negative = [](double v) { return v < 0; };
   if (d.tokens_prefilled < 0 || d.tokens_cached < 0 || d.tokens_generated < 0 || d.tokens_reasoning < 0 ||
       d.steps < 0 || negative(d.seconds_setup) || negative(d.seconds_prefill) || negative(d.seconds_decode) ||
-      negative(d.seconds_tools) || negative(d.seconds_verify) || negative(d.seconds_wall)) {
+      negative(d.seconds_tools) || negative(d.seconds_verify) || negative(d.seconds_wall) ||
+      negative(d.seconds_model_wait)) {
     return Error{ErrorCode::invalid_argument, "metric deltas must not be negative", "metrics"};
   }
   if (d.seconds_queue != 0) {
@@ -47,13 +48,14 @@ Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) 
         "tokens_reasoning = tokens_reasoning + ?, steps = steps + ?, tool_calls_json = ?, "
         "seconds_setup = seconds_setup + ?, seconds_prefill = seconds_prefill + ?, "
         "seconds_decode = seconds_decode + ?, seconds_tools = seconds_tools + ?, "
-        "seconds_verify = seconds_verify + ?, seconds_wall = seconds_wall + ? WHERE build_id = ?");
+        "seconds_verify = seconds_verify + ?, seconds_wall = seconds_wall + ?, "
+        "seconds_model_wait = seconds_model_wait + ? WHERE build_id = ?");
     if (!q) return q.error();
     q->bind(1, d.tokens_prefilled).bind(2, d.tokens_cached).bind(3, d.tokens_generated);
     q->bind(4, d.tokens_reasoning).bind(5, d.steps).bind(6, detail::metrics_tool_calls_json(tool_calls));
     q->bind(7, d.seconds_setup).bind(8, d.seconds_prefill).bind(9, d.seconds_decode);
     q->bind(10, d.seconds_tools).bind(11, d.seconds_verify).bind(12, d.seconds_wall);
-    q->bind(13, build_id);
+    q->bind(13, d.seconds_model_wait).bind(14, build_id);
     if (Status s = q->run(); !s) return s;
     return txn->commit();
   });

@@ -87,6 +87,9 @@ CREATE INDEX builds_task_model ON builds(task_key, model, finished_ms);
     {3, "attempts handed back at shutdown (not counted toward max_attempts)", R"sql(
 ALTER TABLE builds ADD COLUMN released INTEGER NOT NULL DEFAULT 0 CHECK (released >= 0);
 )sql"},
+    {4, "time spent waiting for the model (load, a free engine session)", R"sql(
+ALTER TABLE build_metrics ADD COLUMN seconds_model_wait REAL NOT NULL DEFAULT 0;
+)sql"},
 };
 
 }  // namespace

@@ -236,13 +236,13 @@ Result<Build> Store::finish(int64_t build_id, int attempt, const FinishRequest& 
           "UPDATE build_metrics SET tokens_prefilled = ?, tokens_cached = ?, tokens_generated = ?, "
           "tokens_reasoning = ?, steps = ?, tool_calls_json = ?, seconds_setup = ?, "
           "seconds_prefill = ?, seconds_decode = ?, seconds_tools = ?, seconds_verify = ?, "
-          "seconds_wall = ? WHERE build_id = ?");
+          "seconds_wall = ?, seconds_model_wait = ? WHERE build_id = ?");
       if (!q) return q.error();
       q->bind(1, m.tokens_prefilled).bind(2, m.tokens_cached).bind(3, m.tokens_generated);
       q->bind(4, m.tokens_reasoning).bind(5, m.steps).bind(6, detail::metrics_tool_calls_json(m.tool_calls));
       q->bind(7, m.seconds_setup).bind(8, m.seconds_prefill).bind(9, m.seconds_decode);
       q->bind(10, m.seconds_tools).bind(11, m.seconds_verify).bind(12, m.seconds_wall);
-      q->bind(13, build_id);
+      q->bind(13, m.seconds_model_wait).bind(14, build_id);
       if (Status s = q->run(); !s) return s.error();
     }
     return commit_transition(*impl_, db, *txn, build_id, now, /*include_diff=*/true);

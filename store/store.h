@@ -175,7 +175,10 @@ struct BuildMetrics {
   double seconds_decode = 0;
   double seconds_tools = 0;
   double seconds_verify = 0;
-  double seconds_wall = 0;  // claim to finish, as the worker measured it
+  double seconds_wall = 0;  // claim to finish, as the worker measured it, less seconds_model_wait
+  // Waiting for the model: its load on first use and a free engine session. Server load, not the
+  // build's own time, so it is kept out of seconds_setup and seconds_wall (what compare ranks).
+  double seconds_model_wait = 0;
 
   int64_t tool_calls_total() const;
 };

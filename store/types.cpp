@@ -42,7 +42,8 @@ nlohmann::json metrics_json(const BuildMetrics& m) {
           {"seconds_decode", m.seconds_decode},
           {"seconds_tools", m.seconds_tools},
           {"seconds_verify", m.seconds_verify},
-          {"seconds_wall", m.seconds_wall}};
+          {"seconds_wall", m.seconds_wall},
+          {"seconds_model_wait", m.seconds_model_wait}};
 }
 
 }  // namespace

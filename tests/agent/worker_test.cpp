@@ -139,6 +139,31 @@ TEST(BuildPipeline, successful_build_is_verified_committed_and_recorded) {
   EXPECT_LT(i, events.size()) << "events out of order or missing";
 }
 
+// Waiting for the model (its first load, a free engine session) is server load, not the build's
+// time: it is recorded apart and kept out of setup and wall time, which compare ranks.
+TEST(BuildPipeline, waiting_for_the_model_is_recorded_apart_from_the_builds_time) {
+  Pipeline p("stats-py");
+  p.submit(std::nullopt);
+  auto build = p.claim();
+  StopSignal stop;
+  ModelProvider inner = scripted({turn_with(call("submit", Json{{"summary", "nothing to do"}}))});
+  ModelProvider slow = [inner](const std::string& model, int64_t id) {
+    std::this_thread::sleep_for(400ms);  // a load, or another build holding the only session
+    return inner(model, id);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  BuildReport report = run_build(*p.ts.store, build, p.options, slow, stop);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(report.finished) << report.message;
+  auto stored = p.ts.store->get(build.id);
+  ASSERT_TRUE(stored.ok());
+  const auto& m = stored->metrics;
+  EXPECT_GE(m.seconds_model_wait, 0.4);
+  EXPECT_LT(m.seconds_setup, 0.4);
+  EXPECT_LE(m.seconds_wall + m.seconds_model_wait, elapsed + 0.01);
+  EXPECT_LT(m.seconds_wall, elapsed - 0.35);
+}
+
 // A build that generates megabytes of files: the commit keeps them all, the stored diff is cut
 // with a note naming the branch (it is read by the API, the page and every outcome read).
 TEST(BuildPipeline, a_huge_diff_is_stored_cut_with_a_note) {
