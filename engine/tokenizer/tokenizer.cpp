@@ -186,6 +186,19 @@ TokenizerLoad Tokenizer::load_file(const std::string& path, const std::string& c
 
 TokenizerLoad Tokenizer::load_json_text(std::string_view text, std::string_view config_text,
                                         const std::string& source) {
+  // A hand-edited or truncated file can hold a field of the wrong type anywhere ("type": 5); the
+  // JSON library throws on reading it, and loading must say so rather than end the process.
+  try {
+    return load_json_text_unguarded(text, config_text, source);
+  } catch (const std::exception& e) {
+    TokenizerLoad failed;
+    failed.error = source + ": malformed: " + e.what();
+    return failed;
+  }
+}
+
+TokenizerLoad Tokenizer::load_json_text_unguarded(std::string_view text, std::string_view config_text,
+                                                  const std::string& source) {
   TokenizerLoad result;
   auto fail = [&](const std::string& what) {
     result.error = source + ": " + what;

@@ -103,6 +103,9 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  // load_json_text without the guard against a field of an unexpected JSON type (which throws).
+  static TokenizerLoad load_json_text_unguarded(std::string_view tokenizer_json, std::string_view config_json,
+                                                const std::string& source);
   std::unique_ptr<Impl> impl_;
 };
 

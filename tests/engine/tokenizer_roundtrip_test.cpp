@@ -179,6 +179,17 @@ TEST(TokenizerRoundTrip, MongolianVowelSeparatorIsNotWhitespaceAsInOniguruma) {
   }
 }
 
+TEST(TokenizerLoad, AFieldOfTheWrongTypeIsAnErrorNotAnException) {
+  for (const char* doc : {R"({"model": {"type": 5, "vocab": {}, "merges": []}})",
+                          R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": "x", "content": 3}]})",
+                          R"({"normalizer": {"type": ["NFC"]}, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})"}) {
+    TokenizerLoad r;
+    EXPECT_NO_THROW(r = Tokenizer::load_json_text(doc, {}, "bad.json")) << doc;
+    EXPECT_FALSE(r.ok()) << doc;
+    EXPECT_EQ(r.error.rfind("bad.json: ", 0), 0u) << r.error;
+  }
+}
+
 TEST(TokenizerLoad, ErrorsNameTheFileAndField) {
   EXPECT_NE(Tokenizer::load_file("/nonexistent/tokenizer.json").error.find("/nonexistent/tokenizer.json"), std::string::npos);
   EXPECT_NE(Tokenizer::load_json_text("{not json", {}, "x.json").error.find("x.json: not a JSON object"), std::string::npos);
