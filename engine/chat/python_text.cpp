@@ -89,22 +89,31 @@ std::string float_repr(double d) {
     if (c != '.') digits += c;
   int exp = 0;
   std::from_chars(sci.data() + e + (sci[e + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exp);
+  // Built by appending (GCC 12 warns falsely, -Wrestrict, on "." + std::string temporaries).
   if (-4 <= exp && exp < 16) {
     if (exp >= 0) {
       const auto point = static_cast<std::size_t>(exp) + 1;
-      std::string whole = digits.substr(0, std::min(digits.size(), point));
-      whole.resize(point, '0');
-      out += whole + "." + (digits.size() > point ? digits.substr(point) : "0");
+      for (std::size_t i = 0; i < point; ++i) out.push_back(i < digits.size() ? digits[i] : '0');
+      out.push_back('.');
+      if (digits.size() > point) out.append(digits, point, std::string::npos);
+      else out.push_back('0');
     } else {
-      out += "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
+      out.append("0.");
+      out.append(static_cast<std::size_t>(-exp - 1), '0');
+      out.append(digits);
     }
     return out;
   }
-  out += digits[0];
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  std::string ex = std::to_string(exp < 0 ? -exp : exp);
-  if (ex.size() < 2) ex.insert(0, "0");
-  return out + (exp < 0 ? "e-" : "e+") + ex;
+  out.push_back(digits[0]);
+  if (digits.size() > 1) {
+    out.push_back('.');
+    out.append(digits, 1, std::string::npos);
+  }
+  out.append(exp < 0 ? "e-" : "e+");
+  const int magnitude = exp < 0 ? -exp : exp;
+  if (magnitude < 10) out.push_back('0');
+  out.append(std::to_string(magnitude));
+  return out;
 }
 
 }  // namespace
