@@ -17,6 +17,10 @@
 namespace kiln::agent {
 
 namespace {
+
+// In a workspace kept because it holds the only copy of its result (the push to the results
+// repository failed): sweep_workspaces leaves it for a person to recover.
+std::filesystem::path keep_marker(const std::filesystem::path& workspace) { return workspace / ".git" / "kiln-keep"; }
 constexpr size_t kMaxStoredDiffBytes = 8u << 20;  // the diff kept with a build's outcome
 std::mutex g_sandbox_failures_mu;
 std::map<std::string, int64_t> g_sandbox_failures;  // guarded by g_sandbox_failures_mu
@@ -419,7 +423,8 @@ class BuildRun {
     std::lock_guard lock(results_mu);
     auto pushed = tools::git_push_branch(workspace_, branch_, results_repo_);
     if (!pushed.ok()) {
-      keep_workspace_ = true;  // the only copy of the branch
+      keep_workspace_ = true;  // the only copy of the branch: marked so that no sweep removes it
+      std::ofstream(keep_marker(workspace_)) << "the result branch could not be pushed: " << pushed.error << "\n";
       emit("error", {{"phase", "commit"}, {"message", "push to the results repository failed: " + pushed.error}});
       return "the result branch " + branch_ + " could not be saved: " + pushed.error;
     }
@@ -532,6 +537,7 @@ int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace
     } catch (const std::exception&) {
       continue;
     }
+    if (fs::exists(keep_marker(it->path()), ec)) continue;  // the only copy of a result: kept
     auto build = store.get(id, /*include_diff=*/false);
     // Queued or running builds may resume from theirs; a store error says nothing: kept.
     bool unknown = !build.ok() && build.error().code == store::ErrorCode::not_found;

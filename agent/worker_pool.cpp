@@ -52,6 +52,7 @@ void WorkerPool::work(int index) {
   request.owner = options_.owner + "/worker-" + std::to_string(index);
   request.lease_ms = options_.lease_ms;
   request.models = options_.models;
+  request.stop_claiming = &stopping_;  // raised before running builds are told to stop
   while (!stopping_) {
     maybe_sweep();  // builds recovery ended (or a crash left) may have left workspaces
     // Short waits so stop() is seen promptly without touching the store's shared wake-ups.
@@ -64,6 +65,14 @@ void WorkerPool::work(int index) {
     }
     if (!claimed.value()) continue;
     const store::Build build = std::move(*claimed.value());
+    if (stopping_) {
+      // Claimed while the pool stops (often a build a sibling has just handed back): hand it back
+      // untouched rather than set it up only to stop it, one attempt per idle worker.
+      if (auto released = store_.release(build.id, build.attempt); !released.ok())
+        std::cerr << "level=warn component=agent worker=" << index << " build=" << build.id
+                  << " msg=\"hand-back at shutdown failed\" error=\"" << released.error().message << "\"\n";
+      break;
+    }
     StopSignal signal;
     {
       std::lock_guard lock(mutex_);

@@ -142,6 +142,7 @@ Result<std::optional<Build>> Store::claim(const ClaimRequest& request) {
     int64_t now = impl_->now_ms();
     Result<WriteTxn> txn = WriteTxn::begin(db);
     if (!txn) return txn.error();
+    if (request.stop_claiming && request.stop_claiming->load()) return std::optional<Build>();
     int64_t id = 0, queued_ms = 0;
     {
       Result<Query> q = db.query(sql);

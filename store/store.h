@@ -27,6 +27,7 @@
 // any Store of this process on the same file, and otherwise return at their timeout.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -222,6 +223,9 @@ struct ClaimRequest {
   std::string owner;                // who holds the lease, e.g. "host:pid/worker-3"; required
   int64_t lease_ms = 60'000;        // > 0
   std::vector<std::string> models;  // only builds for these models; empty = any model
+  // When set and true, claim nothing. Read under the write lock, so a pool that raises it before
+  // its workers hand their builds back (release) never sees a sibling claim one again.
+  const std::atomic<bool>* stop_claiming = nullptr;
 };
 
 struct HeartbeatReply {

@@ -310,6 +310,24 @@ GitOutcome<std::string> git_commit_all(const fs::path& workspace, const std::str
   }
   Repo repo = open_repo(workspace, out.error);
   if (!repo) return out;
+  // A submodule's own files are its repository's, not this one's: committing here would keep
+  // only its commit id, and the edit would be lost while verify (which sees the tree) passed.
+  std::vector<std::string> submodules;
+  if (git_submodule_foreach(repo.get(), collect_submodule, &submodules) == 0) {
+    std::string changed;
+    for (const std::string& name : submodules) {
+      unsigned int status = 0;
+      if (git_submodule_status(&status, repo.get(), name.c_str(), GIT_SUBMODULE_IGNORE_UNTRACKED) != 0) continue;
+      if (status & (GIT_SUBMODULE_STATUS_WD_MODIFIED | GIT_SUBMODULE_STATUS_WD_INDEX_MODIFIED |
+                    GIT_SUBMODULE_STATUS_WD_WD_MODIFIED))
+        changed += (changed.empty() ? "" : ", ") + name;
+    }
+    if (!changed.empty()) {
+      out.error = "files inside submodule(s) " + changed +
+                  " were changed: kiln commits this repository, not its submodules, so the change cannot be kept";
+      return out;
+    }
+  }
   git_index* index_raw = nullptr;
   if (git_repository_index(&index_raw, repo.get()) != 0) return failure<std::string>("cannot open index of " + workspace.string());
   Index index(index_raw);

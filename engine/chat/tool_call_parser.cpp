@@ -96,12 +96,17 @@ std::size_t find_structural_close(std::string_view s, std::string_view close) {
       std::size_t k = shut + kParamClose.size();
       while (k < s.size() && is_ws(s[k])) ++k;
       const std::string_view rest = s.substr(k);
-      if (rest.substr(0, kParamOpen.size()) == kParamOpen || rest.substr(0, kFunctionClose.size()) == kFunctionClose) {
+      // In a <tool_call>, "</parameter></tool_call>" ends the value too: the call then lacks its
+      // </function>, an error for the model, rather than swallowing the next call into the value.
+      const bool call_close = close == kCallClose && rest.substr(0, kCallClose.size()) == kCallClose;
+      if (rest.substr(0, kParamOpen.size()) == kParamOpen || rest.substr(0, kFunctionClose.size()) == kFunctionClose ||
+          call_close) {
         value_end = k;
         break;
       }
       // Not followed by anything yet: more input decides (at the end, finish() falls back).
-      if (kParamOpen.substr(0, rest.size()) == rest || kFunctionClose.substr(0, rest.size()) == rest)
+      if (kParamOpen.substr(0, rest.size()) == rest || kFunctionClose.substr(0, rest.size()) == rest ||
+          (close == kCallClose && kCallClose.substr(0, rest.size()) == rest))
         return std::string_view::npos;
       from = shut + 1;  // "</parameter>" inside the value
     }

@@ -643,6 +643,40 @@ TEST(BuildPipeline, sweep_removes_workspaces_of_ended_and_unknown_builds) {
   EXPECT_FALSE(std::filesystem::exists(p.workspace(queued)));
 }
 
+// A workspace kept because the push of its result failed holds the only copy of the branch: the
+// sweep leaves it, though the build has ended.
+TEST(BuildPipeline, a_workspace_kept_after_a_failed_push_survives_the_sweep) {
+  Pipeline p("stats-py");
+  std::ofstream(p.dir.path() / "not-a-dir") << "x";
+  p.options.results_repo = p.dir.path() / "not-a-dir" / "results.git";  // cannot be created
+  p.submit(std::nullopt);
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted(fixing_script()), stop);
+  ASSERT_TRUE(report.finished) << report.message;
+  EXPECT_EQ(report.reason, OutcomeReason::infra_error) << report.message;
+  ASSERT_TRUE(std::filesystem::exists(p.workspace(build.id)));
+  EXPECT_EQ(sweep_workspaces(*p.ts.store, p.options.workspace_root), 0);
+  EXPECT_TRUE(std::filesystem::exists(p.workspace(build.id)));
+}
+
+// Stopping a pool hands a running build back once: idle workers do not claim it again only to
+// stop it (each claim would be another attempt, and a model load or wait).
+TEST(WorkerPool, a_build_handed_back_at_stop_is_not_claimed_again_by_idle_workers) {
+  Pipeline p("stats-py");
+  int64_t id = p.submit(std::nullopt).id;
+  WorkerPool pool(p.options, *p.ts.store, scripted({turn_with(call("bash", Json{{"command", "sleep 20"}}))}), 3);
+  pool.start();
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (pool.busy() < 1 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(500ms);  // inside the command
+  pool.stop();
+  auto stored = p.ts.store->get(id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->status, BuildStatus::queued);
+  EXPECT_EQ(stored->attempt, 1);
+}
+
 TEST(WorkerPool, carries_queued_builds_to_an_outcome_and_stops) {
   Pipeline p("stats-py");
   int64_t a = p.submit("python3 -m unittest -q").id;

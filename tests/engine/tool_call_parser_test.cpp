@@ -332,5 +332,20 @@ TEST(ToolCallParser, TwoFunctionsInOneToolCallAreTwoCalls) {
   }
 }
 
+
+// A call missing its </function> is an error for the model, and the next call is still read: the
+// value does not run on into it (which would run the rest of the turn as a command).
+TEST(ToolCallParser, AMissingFunctionCloseDoesNotSwallowTheNextCall) {
+  const std::string text =
+      "ok\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=command>\nls\n</parameter>\n</tool_call>\n"
+      "<tool_call>\n<function=shell>\n<parameter=command>\npwd\n</parameter>\n</function>\n</tool_call>";
+  for (const ParsedOutput& out : whole_and_bytewise(text)) {
+    ASSERT_EQ(out.errors.size(), 1u);
+    EXPECT_NE(out.errors[0].message.find("</function>"), std::string::npos) << out.errors[0].message;
+    ASSERT_EQ(out.tool_calls.size(), 1u);
+    EXPECT_EQ(out.tool_calls[0].arguments["command"], "pwd");
+  }
+}
+
 }  // namespace
 }  // namespace kiln::engine

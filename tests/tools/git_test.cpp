@@ -316,6 +316,15 @@ TEST(Git, SubmodulesAreCheckedOutFromTheSource) {
   ASSERT_TRUE(cloned.ok()) << cloned.error;
   EXPECT_EQ(parent.read("ws/libs/sub/s.txt"), "s\n");
   EXPECT_TRUE(git_status(parent.path() / "ws").value.empty());
+  // Build output inside a submodule does not stop a commit; an edit of its files does (it could
+  // not be kept), naming the submodule.
+  { std::ofstream(parent.path() / "ws/libs/sub/build.o") << "o"; }
+  { std::ofstream(parent.path() / "ws/top.txt") << "t2\n"; }
+  EXPECT_TRUE(git_commit_all(parent.path() / "ws", "top only").ok());
+  { std::ofstream(parent.path() / "ws/libs/sub/s.txt") << "edited\n"; }
+  auto refused = git_commit_all(parent.path() / "ws", "edit inside the submodule");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error.find("libs/sub"), std::string::npos) << refused.error;
   std::filesystem::remove_all(repos.path() / "sub");
   auto broken = git_clone_workspace(super, "", parent.path() / "ws2", "19");
   EXPECT_FALSE(broken.ok());
