@@ -240,21 +240,24 @@ TEST(SessionErrors, GenerateTakesAnIdleSessionsPagesOnlyWhenATokenNeedsOne) {
 }
 
 // Malformed JSON used to throw out of the loader (nlohmann's get<> and value() on a null or a
-// value of the wrong type), aborting the process: each case is an error naming the field.
-TEST(LoaderErrors, ConfigFieldsOfTheWrongTypeAreNamedNotThrown) {
-  const std::string dir = make_model(TinyModelOptions{});
+
+// Per call, sets a model's config.json to its original content with one edit applied.
+std::function<void(const std::function<void(json&)>&)> config_editor(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  json original;
-  {
-    std::ifstream in(path);
-    original = json::parse(in);
-  }
-  auto with = [&](const std::function<void(json&)>& edit) {
+  std::ifstream in(path);
+  const json original = json::parse(in);
+  return [path, original](const std::function<void(json&)>& edit) {
     edit_json(path, [&](json& c) {
       c = original;
       edit(c);
     });
   };
+}
+
+// value of the wrong type), aborting the process: each case is an error naming the field.
+TEST(LoaderErrors, ConfigFieldsOfTheWrongTypeAreNamedNotThrown) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const auto with = config_editor(dir);
   with([](json& c) { c["model_type"] = nullptr; });  // null reads as absent: the text model_type
   EXPECT_TRUE(Model::load(dir).ok());
   with([](json& c) { c["tie_word_embeddings"] = nullptr; });
@@ -302,18 +305,7 @@ TEST(LoaderErrors, NonStringWeightMapEntryIsNamedNotThrown) {
 // one (rope_type "default" with the M-RoPE fields) and the older rope_scaling {type: "mrope"}.
 TEST(LoaderErrors, RopeScalingOtherThanDefaultOrMropeIsRefused) {
   const std::string dir = make_model(TinyModelOptions{});
-  const std::string path = dir + "/config.json";
-  json original;
-  {
-    std::ifstream in(path);
-    original = json::parse(in);
-  }
-  auto with = [&](const std::function<void(json&)>& edit) {
-    edit_json(path, [&](json& c) {
-      c = original;
-      edit(c);
-    });
-  };
+  const auto with = config_editor(dir);
   with([](json& c) { c["text_config"]["rope_parameters"]["rope_type"] = "yarn"; });
   expect_load_error(dir, {"text_config.rope_parameters.rope_type = \"yarn\" is not supported"});
   with([](json& c) { c["text_config"]["rope_parameters"]["factor"] = 4.0; });
@@ -333,15 +325,17 @@ TEST(LoaderErrors, RopeScalingOtherThanDefaultOrMropeIsRefused) {
     c["text_config"]["rope_scaling"] = nullptr;
   });
   EXPECT_TRUE(Model::load(dir).ok());
-  with([](json& c) {
+  double theta = 0;
+  with([&theta](json& c) {
     json& t = c["text_config"];
-    t["rope_theta"] = t["rope_parameters"]["rope_theta"];
+    theta = t["rope_parameters"]["rope_theta"].get<double>();
+    t["rope_theta"] = theta;
     t.erase("rope_parameters");
     t["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}};
   });
   auto old_form = Model::load(dir);
   ASSERT_TRUE(old_form.ok()) << old_form.error();
-  EXPECT_EQ((*old_form)->config().rope_theta, original["text_config"]["rope_parameters"]["rope_theta"].get<double>());
+  EXPECT_EQ((*old_form)->config().rope_theta, theta);
 }
 
 // The example configs of the released checkpoints still parse.
@@ -429,18 +423,7 @@ TEST(LoaderErrors, IndexShardOutsideTheModelDirectoryIsRefused) {
 // get<int> narrowed silently: 2^32 + 4 layers read as 4, head_dim 32.7 as 32.
 TEST(LoaderErrors, IntegerFieldsMustBeIntegersInRange) {
   const std::string dir = make_model(TinyModelOptions{});
-  const std::string path = dir + "/config.json";
-  json original;
-  {
-    std::ifstream in(path);
-    original = json::parse(in);
-  }
-  auto with = [&](const std::function<void(json&)>& edit) {
-    edit_json(path, [&](json& c) {
-      c = original;
-      edit(c);
-    });
-  };
+  const auto with = config_editor(dir);
   with([](json& c) { c["text_config"]["num_hidden_layers"] = (int64_t(1) << 32) + 4; });
   expect_load_error(dir, {"text_config.num_hidden_layers = 4294967300 is out of range"});
   with([](json& c) { c["text_config"]["head_dim"] = 32.7; });
