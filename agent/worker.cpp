@@ -214,11 +214,17 @@ class BuildRun {
     for (auto& [attempt, m] : lost) {
       if (recorded[attempt]) continue;
       m.seconds_wall = double(span_ms[attempt].second - span_ms[attempt].first) / 1000.0;
-      if (auto added = store_.add_metrics(build_.id, build_.attempt, m); !added.ok()) continue;
-      emit("log", {{"phase", "resume"}, {"message", "metrics of attempt " + std::to_string(attempt) +
-                                                        " recovered from its log (it ended without writing them)"},
-                   {"recovered_attempt", attempt}, {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
-                   {"tokens_generated", m.tokens_generated}});
+      // The metrics and the event that marks them recovered go in one transaction: a kill in
+      // between would otherwise have the next attempt add them again.
+      const Json note = {{"phase", "resume"},
+                         {"message", "metrics of attempt " + std::to_string(attempt) +
+                                         " recovered from its log (it ended without writing them)"},
+                         {"recovered_attempt", attempt}, {"steps", m.steps}, {"tokens_prefilled", m.tokens_prefilled},
+                         {"tokens_generated", m.tokens_generated}};
+      const store::NewEvent event{"log", note.dump(-1, ' ', false, Json::error_handler_t::replace)};
+      if (auto added = store_.add_metrics(build_.id, build_.attempt, m, &event); !added.ok())
+        std::cerr << "level=warn component=agent build=" << build_.id << " msg=\"recovered metrics not written\" error=\""
+                  << added.error().message << "\"\n";
     }
   }
 

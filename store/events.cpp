@@ -12,6 +12,10 @@ using detail::Db;
 using detail::Query;
 using detail::WriteTxn;
 
+}  // namespace
+
+namespace detail {
+
 std::optional<Error> validate_event(std::string_view kind, std::string_view payload_json) {
   if (kind.empty() || kind.size() > 64) {
     return Error{ErrorCode::invalid_argument, "event kind must be 1 to 64 bytes", "kind"};
@@ -23,9 +27,6 @@ std::optional<Error> validate_event(std::string_view kind, std::string_view payl
   return std::nullopt;
 }
 
-}  // namespace
-
-namespace detail {
 
 Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms, std::string_view kind,
                              std::string_view payload_json) {
@@ -76,7 +77,7 @@ Result<int64_t> Store::append_event(int64_t build_id, int attempt, std::string_v
 Result<int64_t> Store::append_events(int64_t build_id, int attempt, const std::vector<NewEvent>& events) {
   if (events.empty()) return Error{ErrorCode::invalid_argument, "no events to append", "events"};
   for (const NewEvent& e : events) {
-    if (std::optional<Error> err = validate_event(e.kind, e.payload_json)) return *err;
+    if (std::optional<Error> err = detail::validate_event(e.kind, e.payload_json)) return *err;
   }
   return impl_->write([&](Db& db) -> Result<int64_t> {
     int64_t now = impl_->now_ms();

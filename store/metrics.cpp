@@ -4,7 +4,7 @@
 
 namespace kiln::store {
 
-Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) {
+Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d, const NewEvent* event) {
   auto negative = [](double v) { return v < 0; };
   if (d.tokens_prefilled < 0 || d.tokens_cached < 0 || d.tokens_generated < 0 || d.tokens_reasoning < 0 ||
       d.steps < 0 || negative(d.seconds_setup) || negative(d.seconds_prefill) || negative(d.seconds_decode) ||
@@ -21,6 +21,9 @@ Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) 
       return Error{ErrorCode::invalid_argument, "tool_calls needs non-empty names and counts >= 0",
                    "metrics.tool_calls"};
     }
+  }
+  if (event != nullptr) {
+    if (std::optional<Error> err = detail::validate_event(event->kind, event->payload_json)) return *err;
   }
   return impl_->write([&](detail::Db& db) -> Status {
     Result<detail::WriteTxn> txn = detail::WriteTxn::begin(db);
@@ -57,7 +60,15 @@ Status Store::add_metrics(int64_t build_id, int attempt, const BuildMetrics& d) 
     q->bind(10, d.seconds_tools).bind(11, d.seconds_verify).bind(12, d.seconds_wall);
     q->bind(13, d.seconds_model_wait).bind(14, build_id);
     if (Status s = q->run(); !s) return s;
-    return txn->commit();
+    int64_t seq = 0;
+    if (event != nullptr) {
+      Result<int64_t> appended = detail::insert_event(db, build_id, attempt, impl_->now_ms(), event->kind, event->payload_json);
+      if (!appended) return appended.error();
+      seq = *appended;
+    }
+    if (Status s = txn->commit(); !s) return s;
+    if (event != nullptr) impl_->notifier->on_event(build_id, seq, /*terminal=*/false);
+    return {};
   });
 }
 

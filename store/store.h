@@ -398,8 +398,10 @@ class Store {
   Result<std::vector<Event>> wait_for_events(int64_t build_id, int64_t after_seq, int limit,
                                              std::chrono::milliseconds timeout);
 
-  // Adds `delta` to the build's metrics (tool_calls merged by name). Fenced by attempt.
-  Status add_metrics(int64_t build_id, int attempt, const BuildMetrics& delta);
+  // Adds `delta` to the build's metrics (tool_calls merged by name). Fenced by attempt. With
+  // `event`, that event is appended in the same transaction: both or neither (a worker recording
+  // that it recovered a dead attempt's metrics must never add them without saying so).
+  Status add_metrics(int64_t build_id, int attempt, const BuildMetrics& delta, const NewEvent* event = nullptr);
 
   Result<StoreStats> stats();
   Result<CompareReport> compare(const CompareQuery& query);

@@ -102,6 +102,8 @@ Build read_build(const Query& q);  // a row of build_select(), in its column ord
 Result<Build> load_build(Db& db, int64_t build_id, bool include_diff);
 
 // Inserts the build's next event (no fencing: callers check ownership). Returns the seq.
+// An event kind of 1..64 bytes and a payload that is JSON, else the error naming the field.
+std::optional<Error> validate_event(std::string_view kind, std::string_view payload_json);
 Result<int64_t> insert_event(Db& db, int64_t build_id, int attempt, int64_t ts_ms, std::string_view kind,
                              std::string_view payload_json);
 // A `status` event describing `build` as it is now. Returns the seq.

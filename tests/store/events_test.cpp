@@ -121,5 +121,31 @@ TEST(StoreEvents, AddMetricsAccumulatesAndMergesToolCounts) {
   EXPECT_EQ(store->add_metrics(id, b.attempt + 1, BuildMetrics{}).error().code, ErrorCode::fenced);
 }
 
+
+// Metrics with the event that explains them: both land, or (fenced, bad event) neither.
+TEST(StoreEvents, AddMetricsWithAnEventWritesBothOrNeither) {
+  TempDir dir;
+  auto store = open_store(dir.file("kiln.db"));
+  int64_t id = store->submit(spec())->id;
+  Build b = **store->claim(claimer());
+  const size_t before = store->read_events(id, 0)->size();
+  BuildMetrics d;
+  d.steps = 3;
+  NewEvent note{"log", R"({"recovered_attempt": 1})"};
+  ASSERT_OK(store->add_metrics(id, b.attempt, d, &note));
+  EXPECT_EQ(store->get(id)->metrics.steps, 3);
+  auto events = store->read_events(id, 0);
+  ASSERT_OK(events);
+  ASSERT_EQ(events->size(), before + 1);
+  EXPECT_EQ(events->back().kind, "log");
+  EXPECT_EQ(events->back().payload_json, R"({"recovered_attempt": 1})");
+
+  NewEvent bad{"log", "{not json"};
+  EXPECT_EQ(store->add_metrics(id, b.attempt, d, &bad).error().field, "payload");
+  EXPECT_EQ(store->add_metrics(id, b.attempt + 1, d, &note).error().code, ErrorCode::fenced);
+  EXPECT_EQ(store->get(id)->metrics.steps, 3);
+  EXPECT_EQ(store->read_events(id, 0)->size(), before + 1);
+}
+
 }  // namespace
 }  // namespace kiln::store
