@@ -22,6 +22,7 @@ namespace {
 // repository failed): sweep_workspaces leaves it for a person to recover.
 std::filesystem::path keep_marker(const std::filesystem::path& workspace) { return workspace / ".git" / "kiln-keep"; }
 constexpr size_t kMaxStoredDiffBytes = 8u << 20;  // the diff kept with a build's outcome
+constexpr const char* kWorkspacePrefix = "build-";  // build_workspace(): build-<id>
 std::mutex g_sandbox_failures_mu;
 std::map<std::string, int64_t> g_sandbox_failures;  // guarded by g_sandbox_failures_mu
 }  // namespace
@@ -105,7 +106,7 @@ class BuildRun {
            StopSignal& stop)
       : store_(store), build_(build), options_(options), models_(models), stop_(stop),
         events_(store, build.id, build.attempt),
-        workspace_(options.workspace_root / ("build-" + std::to_string(build.id))),
+        workspace_(build_workspace(options.workspace_root, build.id)),
         branch_("kiln/" + std::to_string(build.id)), results_repo_(results_repository(options)),
         policy_(options.sandbox) {}
 
@@ -529,17 +530,22 @@ class BuildRun {
 
 }  // namespace
 
+std::filesystem::path build_workspace(const std::filesystem::path& workspace_root, int64_t build_id) {
+  return workspace_root / (kWorkspacePrefix + std::to_string(build_id));
+}
+
 int sweep_workspaces(store::Store& store, const std::filesystem::path& workspace_root) {
   int removed = 0;
   std::error_code ec;
   for (auto it = fs::directory_iterator(workspace_root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind("build-", 0) != 0) continue;
+    const size_t prefix = std::string_view(kWorkspacePrefix).size();
+    if (name.rfind(kWorkspacePrefix, 0) != 0) continue;
     int64_t id = 0;
     try {
       size_t used = 0;
-      id = std::stoll(name.substr(6), &used);
-      if (used != name.size() - 6) continue;
+      id = std::stoll(name.substr(prefix), &used);
+      if (used != name.size() - prefix) continue;
     } catch (const std::exception&) {
       continue;
     }

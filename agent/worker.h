@@ -69,6 +69,9 @@ struct BuildReport {
   std::string results_repo;  // where kiln/<id> was pushed (`git fetch <results_repo> kiln/<id>`)
 };
 
+// Where build `build_id` works: build-<id> under workspace_root.
+std::filesystem::path build_workspace(const std::filesystem::path& workspace_root, int64_t build_id);
+
 // Removes the workspaces (build-<id> under workspace_root) of builds that ended (recovery gave
 // them up or cancelled them, a cancel while queued after an interrupted attempt, a crash between
 // finish and cleanup) or that the store does not know. Returns how many it removed.

@@ -18,6 +18,12 @@ constexpr std::string_view kFunctionClose = "</function>";
 
 bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
+std::string_view skip_ws(std::string_view s) {
+  std::size_t k = 0;
+  while (k < s.size() && is_ws(s[k])) ++k;
+  return s.substr(k);
+}
+
 // Length of the longest suffix of `s` that is a proper prefix of one of `tags` (text that might
 // still become a tag when more input arrives).
 std::size_t partial_tag_suffix(std::string_view s, std::initializer_list<std::string_view> tags) {
@@ -77,8 +83,7 @@ std::size_t json_object_end(std::string_view s) {
 // call may still be open.
 std::size_t find_structural_close(std::string_view s, std::string_view close) {
   constexpr std::string_view kParamOpen = "<parameter=", kParamClose = "</parameter>";
-  std::size_t i = 0;
-  while (i < s.size() && is_ws(s[i])) ++i;
+  const std::size_t i = s.size() - skip_ws(s).size();
   if (i < s.size() && s[i] == '{') {  // {"name": …, "arguments": …}
     const std::size_t e = json_object_end(s.substr(i));
     return e == std::string_view::npos ? e : s.find(close, i + e);
@@ -93,9 +98,8 @@ std::size_t find_structural_close(std::string_view s, std::string_view close) {
     while (true) {
       const std::size_t shut = s.find(kParamClose, from);
       if (shut == std::string_view::npos) return std::string_view::npos;  // still open
-      std::size_t k = shut + kParamClose.size();
-      while (k < s.size() && is_ws(s[k])) ++k;
-      const std::string_view rest = s.substr(k);
+      const std::string_view rest = skip_ws(s.substr(shut + kParamClose.size()));
+      const std::size_t k = s.size() - rest.size();
       // In a <tool_call>, "</parameter></tool_call>" ends the value too: the call then lacks its
       // </function>, an error for the model, rather than swallowing the next call into the value.
       const bool call_close = close == kCallClose && rest.substr(0, kCallClose.size()) == kCallClose;
@@ -280,11 +284,6 @@ void ToolCallParser::finish_call(ParsedOutput& out, std::string_view body, bool 
     CallParse parsed = parse_tool_call_body(one, tools_, index);
     if (parsed.errors.empty()) out.tool_calls.push_back(std::move(parsed.call));
     else out.errors.insert(out.errors.end(), parsed.errors.begin(), parsed.errors.end());
-  };
-  auto skip_ws = [](std::string_view s) {
-    std::size_t k = 0;
-    while (k < s.size() && is_ws(s[k])) ++k;
-    return s.substr(k);
   };
   // Several whole <function> blocks in one <tool_call> are several calls (vLLM's qwen3_coder
   // parser reads them so too); anything else after a </function> stays an error of the body.

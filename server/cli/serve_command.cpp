@@ -2,7 +2,6 @@
 // Settings come from defaults, then the --config file, then the flags given on the command line.
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -16,7 +15,6 @@
 namespace kiln::cli {
 
 namespace {
-
 
 struct ServeOptions {
   std::string listen = "127.0.0.1:8080";

@@ -61,7 +61,7 @@ struct Pipeline {
     return e.ok() ? e.value() : std::vector<store::Event>{};
   }
 
-  std::filesystem::path workspace(int64_t id) const { return options.workspace_root / ("build-" + std::to_string(id)); }
+  std::filesystem::path workspace(int64_t id) const { return build_workspace(options.workspace_root, id); }
 };
 
 ModelProvider scripted(std::vector<ScriptedTurn> script) {

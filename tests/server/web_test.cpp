@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/worker.h"
 #include "chromium.h"
 #include "test_server.h"
 
@@ -73,7 +74,7 @@ TEST(Web, BuildPageStreamsToolCallsWhileTheBuildRunsThenTurnsSucceeded) {
   EXPECT_FALSE(*browser.eval(calls("submit", 1)));
 
   // Release the build; the same page follows it to the end.
-  std::ofstream(dir.path() / "workspaces" / ("build-" + std::to_string(id)) / ".kiln" / "go") << "go\n";
+  std::ofstream(agent::build_workspace(dir.path() / "workspaces", id) / ".kiln" / "go") << "go\n";
   ASSERT_TRUE(browser.wait_until("document.getElementById('status').textContent === 'succeeded' && "
                                  "document.getElementById('log').getAttribute('data-state') === 'ended' && "
                                  "!!document.getElementById('diff')",
