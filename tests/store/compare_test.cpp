@@ -25,16 +25,21 @@ TEST(StoreCompare, McNemarExactMatchesHandComputedBinomialValues) {
   EXPECT_NEAR(mcnemar_exact_p(480, 520), 0.21744829320414094, 1e-9);
 }
 
-// Runs one build of `task` on `model` to the end with the given outcome and times.
-void run_build(Store& store, ManualClock& clock, const std::string& task, const std::string& model,
-               bool success, double wall_s, int64_t tokens, double decode_s) {
-  BuildSpec s = spec(task, model);
-  int64_t id = store.submit(s)->id;
+// Runs one build of `task` on `model` for `ms` of the clock and finishes it with `f`.
+void finish_build(Store& store, ManualClock& clock, const std::string& task, const std::string& model, int64_t ms,
+                  const FinishRequest& f) {
+  int64_t id = store.submit(spec(task, model))->id;
   ClaimRequest c = claimer();
   c.models = {model};
   Build b = **store.claim(c);
   ASSERT_EQ(b.id, id);
-  clock.advance(static_cast<int64_t>(wall_s * 1000));
+  clock.advance(ms);
+  ASSERT_OK(store.finish(id, b.attempt, f));
+}
+
+// Runs one build of `task` on `model` to the end with the given outcome and times.
+void run_build(Store& store, ManualClock& clock, const std::string& task, const std::string& model,
+               bool success, double wall_s, int64_t tokens, double decode_s) {
   FinishRequest f;
   f.status = success ? BuildStatus::succeeded : BuildStatus::failed;
   f.reason = success ? OutcomeReason::verified : OutcomeReason::verify_failed;
@@ -43,7 +48,7 @@ void run_build(Store& store, ManualClock& clock, const std::string& task, const 
   m.seconds_decode = decode_s;
   m.seconds_wall = wall_s;
   f.metrics = m;
-  ASSERT_OK(store.finish(id, b.attempt, f));
+  finish_build(store, clock, task, model, static_cast<int64_t>(wall_s * 1000), f);
 }
 
 TEST(StoreCompare, PerModelStatsAndPairedCountsOverTheSameTasks) {
@@ -155,7 +160,6 @@ TEST(StoreCompare, SinceKeepsOnlyBuildsFinishedAtOrAfterIt) {
   EXPECT_EQ(r->models[0].builds, 3);
 }
 
-
 // kiln's own failures (a clone, the sandbox, a lost lease) say nothing about the model: they are
 // left out of its builds, success rate and times, and of the pairs.
 TEST(StoreCompare, KilnsOwnFailuresDoNotCountAgainstAModel) {
@@ -164,18 +168,11 @@ TEST(StoreCompare, KilnsOwnFailuresDoNotCountAgainstAModel) {
   auto store = open_store(dir.file("kiln.db"), &clock);
   run_build(*store, clock, "t", "a", true, 10, 1, 1);
   run_build(*store, clock, "t", "b", true, 20, 1, 1);
-  BuildSpec s = spec("t", "a");  // then a's rerun of t fails to clone
-  int64_t id = store->submit(s)->id;
-  ClaimRequest c = claimer();
-  c.models = {"a"};
-  Build b = **store->claim(c);
-  ASSERT_EQ(b.id, id);
-  clock.advance(100);
-  FinishRequest f;
+  FinishRequest f;  // then a's rerun of t fails to clone
   f.status = BuildStatus::error;
   f.reason = OutcomeReason::infra_error;
   f.error_message = "clone failed";
-  ASSERT_OK(store->finish(id, b.attempt, f));
+  finish_build(*store, clock, "t", "a", 100, f);
 
   CompareQuery q;
   q.models = {"a", "b"};
