@@ -1,5 +1,6 @@
 #include "agent/engine_chat_model.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "engine/chat/tool_call_parser.h"
@@ -220,6 +221,11 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
                        : engine::Result<engine::GenerateResult>(engine::GenerateResult{});
   out.usage.decode_s = seconds_since(t1);
   if (!generated) return fail("generate: " + generated.error());
+  // Preempted while generating (a higher-ranked build took its KV): its history was run again.
+  if (const int64_t again = session_->rebuilt_tokens() - rebuilt_before - rebuilt; again > 0) {
+    out.usage.prefilled_tokens += again;
+    out.usage.reused_tokens = std::max<int64_t>(0, out.usage.reused_tokens - again);
+  }
   forward(parser.feed(decoder.flush()));
   forward(parser.finish());
 

@@ -51,49 +51,49 @@ Result<std::unique_ptr<Model>> Model::load_checked(const std::string& dir, const
   m->network_ = std::make_unique<Qwen35Model>(m->config_, m->weights_, m->pool_.get());
   if (options.prefill_chunk < 1) return make_error("engine options: prefill_chunk must be at least 1");
   m->scheduler_ = std::make_unique<Scheduler>(*m->network_, m->config_, options.prefill_chunk);
-  m->scheduler_->set_kv_reclaimer([model = m.get()] { return model->reclaim_idle_kv(nullptr, 1); });
+  m->scheduler_->set_idle_kv({[model = m.get()] { return model->idle_kv_pages(); },
+                              [model = m.get()] { return model->reclaim_idle_kv(); }});
   return m;
 }
 
 Model::~Model() = default;
 
 // The scope of one Session call: holds call_mu_ (so the session's pages are not reclaimed under
-// it) and records the owner thread and the time of last use.
+// it) and records the time of last use. At its end the session's pages become reclaimable (and
+// some may have been given back), so requests waiting for memory try again.
 struct SessionCall {
-  explicit SessionCall(const Session& s) : session(const_cast<Session&>(s)) {
-    session.call_mu_.lock();
-    session.owner_ = std::this_thread::get_id();
-  }
+  explicit SessionCall(const Session& s) : session(const_cast<Session&>(s)) { session.call_mu_.lock(); }
   ~SessionCall() {
     session.last_used_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
-    session.owner_ = std::thread::id();
     session.call_mu_.unlock();
+    session.model_.scheduler_->kv_released();
   }
   SessionCall(const SessionCall&) = delete;
   SessionCall& operator=(const SessionCall&) = delete;
   Session& session;
 };
 
-bool Model::reclaim_idle_kv(const Session* requester, int64_t pages_needed) {
+int64_t Model::idle_kv_pages() {
   std::lock_guard<std::mutex> lock(sessions_mu_);
-  std::vector<Session*> idle;
-  for (Session* s : sessions_)
-    if (s != requester && s->owner_.load() != std::this_thread::get_id()) idle.push_back(s);
-  std::sort(idle.begin(), idle.end(),
-            [](const Session* a, const Session* b) { return a->last_used_ns_.load() < b->last_used_ns_.load(); });
-  // Nothing is taken from anyone when even all idle pages would not be enough.
-  int64_t reachable = kv_pool_->max_pages() - kv_pool_->pages_in_use();
-  for (Session* s : idle) {
-    if (!s->call_mu_.try_lock()) continue;
-    if (!s->reclaimed_ && s->seq_.state.kv) reachable += s->seq_.state.kv->capacity_tokens() / s->seq_.state.kv->page_tokens();
+  int64_t pages = 0;
+  for (Session* s : sessions_) {
+    if (!s->call_mu_.try_lock()) continue;  // inside a call: its pages are in use
+    if (!s->reclaimed_) pages += s->seq_.state.kv->capacity_tokens() / s->seq_.state.kv->page_tokens();
     s->call_mu_.unlock();
   }
-  if (reachable < pages_needed) return false;
+  return pages;
+}
+
+bool Model::reclaim_idle_kv() {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  std::vector<Session*> idle = sessions_;
+  std::sort(idle.begin(), idle.end(),
+            [](const Session* a, const Session* b) { return a->last_used_ns_.load() < b->last_used_ns_.load(); });
   for (Session* s : idle) {
     if (!s->call_mu_.try_lock()) continue;  // inside a call: its pages are in use
-    const bool has_pages = !s->reclaimed_ && s->seq_.state.kv && s->seq_.state.kv->capacity_tokens() > 0;
+    const bool has_pages = !s->reclaimed_ && s->seq_.state.kv->capacity_tokens() > 0;
     if (has_pages) {
-      s->seq_.state.kv->truncate(0);
+      s->seq_.state.kv->truncate(0);  // its history and GDN state stay: checkpoint() still works
       s->reclaimed_ = true;
       ++kv_reclaims_;
     }
@@ -172,6 +172,7 @@ void Model::close_slot() {
 
 Session::Session(Model& model, int priority) : model_(model) {
   seq_.priority = priority;
+  seq_.order = model.session_order_++;
   seq_.state.dtype = model.options_.cache_dtype;
   seq_.state.kv = std::make_unique<SequenceKv>(*model.kv_pool_);
   model.network_->init_state(seq_.state);
@@ -186,35 +187,14 @@ Session::~Session() {
     model_.sessions_.erase(std::find(model_.sessions_.begin(), model_.sessions_.end(), this));
   }
   seq_.state.kv.reset();  // pages back to the pool
+  model_.scheduler_->kv_released();
   model_.close_slot();
 }
 
-Status Session::reserve_kv(int64_t n) {
-  SequenceKv& kv = *seq_.state.kv;
-  Status s = kv.reserve(n);
-  auto pages_short = [&] { return (n + kv.page_tokens() - 1) / kv.page_tokens() - kv.capacity_tokens() / kv.page_tokens(); };
-  while (!s && model_.reclaim_idle_kv(this, pages_short())) s = kv.reserve(n);
-  return s;
-}
-
-Status Session::rebuild(size_t keep) {
-  std::vector<int32_t> history(seq_.tokens.begin(), seq_.tokens.begin() + std::ptrdiff_t(keep));
-  if (model_.config_.n_full_layers() > 0) {
-    if (Status s = reserve_kv(int64_t(history.size())); !s)
-      return make_error(s.error() + " (this session's cache was reclaimed while it was idle, and the " +
-                        std::to_string(history.size()) + " tokens of its history do not fit yet)");
-  }
+void Session::restart_history() {
   model_.network_->init_state(seq_.state);
   seq_.state.n_past = 0;
-  seq_.tokens.clear();
-  seq_.last_logits.clear();
-  if (!history.empty()) {
-    std::vector<float> logits(size_t(model_.config_.vocab_size));
-    model_.scheduler_->append(seq_, history, false, logits.data());
-  }
-  rebuilt_tokens_ += int64_t(history.size());
   reclaimed_ = false;
-  return {};
 }
 
 Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool all_logits,
@@ -230,15 +210,12 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
   if (n > c.max_position_embeddings)
     return make_error("append: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
                       std::to_string(c.max_position_embeddings));
-  if (reclaimed_)
-    if (Status s = rebuild(seq_.tokens.size()); !s) return make_error(s.error());
-  if (c.n_full_layers() > 0) {
-    Status s = reserve_kv(n);  // before queueing: the step itself cannot fail
-    if (!s) return make_error(s.error());
-  }
+  if (reclaimed_) restart_history();
   std::vector<float> logits(static_cast<size_t>((all_logits ? T : 1) * c.vocab_size));
   const int64_t before = size();
-  if (!model_.scheduler_->append(seq_, tokens, all_logits, logits.data(), cancel)) {
+  auto ran = model_.scheduler_->append(seq_, tokens, all_logits, logits.data(), cancel);
+  if (!ran) return make_error(ran.error());
+  if (!*ran) {
     if (c.n_full_layers() > 0) seq_.state.kv->truncate(seq_.state.n_past);  // give back the rest
     seq_.last_logits.clear();
     return make_error("append: cancelled after " + std::to_string(size() - before) + " of " + std::to_string(T) +
@@ -250,8 +227,7 @@ Result<std::vector<float>> Session::append(std::span<const int32_t> tokens, bool
 Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::function<bool(int32_t)>& on_token) {
   SessionCall call(*this);
   if (seq_.last_logits.empty()) return make_error("generate: the session is empty; append a prompt first");
-  if (reclaimed_)
-    if (Status s = rebuild(seq_.tokens.size()); !s) return make_error("generate: " + s.error());
+  if (reclaimed_) restart_history();
   const ModelConfig& c = model_.config_;
   const bool kv = c.n_full_layers() > 0;
   if (kv && o.max_tokens > 0) {
@@ -267,7 +243,12 @@ Result<GenerateResult> Session::generate(const GenerateOptions& o, const std::fu
 }
 
 SessionCheckpoint Session::checkpoint() const {
-  SessionCall call(*this);  // a reclaim leaves the GDN state as it is: still this history's
+  SessionCall call(*this);  // an idle reclaim leaves the GDN state as it is: still this history's
+  if (seq_.state.n_past < size()) {  // a restore was cancelled part way: finish it first
+    auto& self = const_cast<Session&>(*this);
+    if (reclaimed_) self.restart_history();
+    (void)model_.scheduler_->append(self.seq_, {}, false, nullptr);  // a session that ran is never refused
+  }
   return SessionCheckpoint{seq_.tokens, seq_.state.gdn, seq_.last_logits};
 }
 
@@ -285,8 +266,12 @@ Status Session::rewind(const SessionCheckpoint& cp) {
     same_shape = cp.gdn[l].conv.size() == seq_.state.gdn[l].conv.size() &&
                  cp.gdn[l].recurrent.size() == seq_.state.gdn[l].recurrent.size();
   if (!same_shape) return make_error("rewind: the checkpoint belongs to another model");
-  if (reclaimed_)  // only the checkpoint's tokens need their KV again
-    if (Status s = rebuild(cp.tokens.size()); !s) return make_error("rewind: " + s.error());
+  if (reclaimed_ || seq_.state.n_past < size()) {  // only the checkpoint's tokens need their KV again
+    tokens.resize(cp.tokens.size());
+    restart_history();
+    auto restored = model_.scheduler_->append(seq_, {}, false, nullptr);
+    if (!restored) return make_error("rewind: " + restored.error());
+  }
   tokens = cp.tokens;
   seq_.state.gdn = cp.gdn;
   seq_.state.n_past = int64_t(tokens.size());

@@ -13,11 +13,13 @@
 //
 // Admission: at most max_sessions are open. open_session() fails when they are all taken (or
 // others wait in line); open_session_waiting() waits in line, highest priority first, reporting
-// its position. KV pages are reserved before a call is queued. When the pool is full, the pages
-// of the least recently used idle session (one not inside a call: an agent running a tool) are
-// reclaimed, and that session re-prefills its history on its next call (counted in
-// rebuilt_tokens()); only when no idle session holds pages does the new call fail with "context
-// memory exhausted". Running steps are never refused for another session's sake.
+// its position. KV memory is reserved by the scheduler before each step (engine/scheduler.h).
+// When the pool is full it takes the pages of the least recently used idle session (one not
+// inside a call: an agent running a tool), then preempts lower-ranked sessions inside a call
+// (lower priority, or opened later); either re-prefills its history before going on (counted in
+// rebuilt_tokens()), with the same results. A session that has run is never failed for memory,
+// only delayed; a new session whose first prompt finds no room is refused with "context memory
+// exhausted", untouched.
 #pragma once
 
 #include <atomic>
@@ -101,16 +103,20 @@ class Model {
   Scheduler& scheduler() const { return *scheduler_; }
   // Idle sessions whose KV pages were taken for another session's call.
   int64_t kv_reclaims() const { return kv_reclaims_.load(); }
+  // Sessions inside a call whose KV pages were taken for a higher-ranked one.
+  int64_t kv_preemptions() const { return scheduler_->preemptions(); }
+  // Calls that waited for KV memory because nothing could be taken for them.
+  int64_t kv_waits() const { return scheduler_->kv_waits(); }
 
  private:
   friend class Session;
   friend struct SessionCall;
   Model() = default;
   static Result<std::unique_ptr<Model>> load_checked(const std::string& dir, const EngineOptions& options);
-  // Frees the KV pages of the least recently used session that is not inside a call (never
-  // `requester`, never one whose call this thread is in). False when there is none, or when the
-  // free pages and all idle sessions' pages together are fewer than pages_needed.
-  bool reclaim_idle_kv(const Session* requester, int64_t pages_needed);
+  // For the scheduler: the KV pages held by sessions not inside a call, and freeing those of the
+  // least recently used one (false when there is none).
+  int64_t idle_kv_pages();
+  bool reclaim_idle_kv();
   std::string dir_;
   EngineOptions options_;
   ModelConfig config_;
@@ -140,6 +146,7 @@ class Model {
   std::mutex sessions_mu_;
   std::vector<Session*> sessions_;  // GUARDED_BY(sessions_mu_)
   std::atomic<int64_t> kv_reclaims_{0};
+  std::atomic<uint64_t> session_order_{0};
 };
 
 // A saved point in a session: its length and its GDN states (KV needs nothing: positions past the
@@ -183,25 +190,22 @@ class Session {
   std::span<const float> last_logits() const { return seq_.last_logits; }
   int64_t size() const { return int64_t(seq_.tokens.size()); }
   int priority() const { return seq_.priority; }
-  // Tokens re-prefilled because this session's KV pages were reclaimed while it was idle.
-  int64_t rebuilt_tokens() const { return rebuilt_tokens_; }
+  // Tokens re-prefilled because this session's KV pages were taken (while idle, or preempted).
+  int64_t rebuilt_tokens() const { return seq_.rebuilt_tokens; }
 
  private:
   friend class Model;
   friend struct SessionCall;
   Session(Model& model, int priority);
-  // KV for positions [0, n), reclaiming idle sessions' pages when the pool is full.
-  Status reserve_kv(int64_t n);
-  // After a reclaim: re-prefills the first `keep` tokens of the history (the rest is dropped).
-  Status rebuild(size_t keep);
+  // After an idle reclaim: its GDN state is reset so that the scheduler re-runs the whole history
+  // (positions [0, size())) before the next call's work.
+  void restart_history();
   Model& model_;
-  // Held for the whole of each call, so that reclaiming never touches a session in use; owner_
-  // says which thread holds it (a thread must not try_lock a mutex it holds).
+  // Held for the whole of each call, so that reclaiming (by the scheduler thread, with try_lock)
+  // never touches a session in use.
   mutable std::mutex call_mu_;
-  std::atomic<std::thread::id> owner_{};
   std::atomic<int64_t> last_used_ns_{0};
-  bool reclaimed_ = false;      // GUARDED_BY(call_mu_): KV pages taken; rebuild before use
-  int64_t rebuilt_tokens_ = 0;  // GUARDED_BY(call_mu_)
+  bool reclaimed_ = false;  // GUARDED_BY(call_mu_): KV pages taken while idle; restart_history() before use
   Sequence seq_;  // the scheduler's while a call of this session is queued
 };
 

@@ -10,6 +10,14 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// History positions whose KV and state were taken and must be re-prefilled first.
+int64_t history_gap(const Sequence& s) { return int64_t(s.tokens.size()) - s.state.n_past; }
+
+// True when a ranks below b for KV memory: lower priority, or equal and opened later.
+bool ranks_below(const Sequence& a, const Sequence& b) {
+  return a.priority != b.priority ? a.priority < b.priority : a.order > b.order;
+}
+
 }  // namespace
 
 // One call of append() or generate(), living on the caller's stack until done. GUARDED_BY(mu_)
@@ -41,6 +49,12 @@ struct Scheduler::Request {
   bool finishing = false;     // stop token or max_tokens reached
   bool in_callback = false;   // the session thread is inside on_token (the lock released)
   std::string error;
+  // KV memory: waiting for pages (skipped until kv_epoch_ moves past stalled_epoch); preempted
+  // while the step being planned was put together (its planned work is void).
+  bool kv_stalled = false;
+  uint64_t stalled_epoch = 0;
+  uint64_t preempted_in_plan = 0;
+  bool waited_for_kv = false;
 
   int64_t remaining() const { return int64_t(tokens.size()) - consumed; }
   // Every token the callback saw is forwarded; the end was reached and every forwarded token
@@ -77,8 +91,8 @@ bool Scheduler::decode_ready(const Request& r) const {
   return r.forwarded < r.result.tokens.size() && r.forwarded < limit;
 }
 
-bool Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
-                       const std::atomic<bool>* cancel) {
+Result<bool> Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
+                               const std::atomic<bool>* cancel) {
   Request r;
   r.seq = &seq;
   r.tokens = tokens;
@@ -90,7 +104,92 @@ bool Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, bool all_
   work_.notify_one();
   r.cancel = cancel;
   r.done_cv.wait(lock, [&] { return r.done; });
+  if (!r.error.empty()) return make_error(r.error);
   return !r.cancelled;
+}
+
+void Scheduler::kv_released() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++kv_epoch_;
+  }
+  work_.notify_one();
+}
+
+bool Scheduler::wants_step(const Request& r) const {
+  if (r.in_step || r.done) return false;
+  if (r.kv_stalled && r.stalled_epoch == kv_epoch_) return false;
+  return r.is_generate ? decode_ready(r) : true;  // an append always has something to do or finish
+}
+
+void Scheduler::fail(Request& r, std::string error) {
+  r.error = std::move(error);
+  if (r.is_generate && !r.can_finish()) return;  // its session thread finishes it after the callback
+  r.done = true;
+  r.done_cv.notify_one();
+}
+
+void Scheduler::preempt(Request& victim) {
+  SequenceState& st = victim.seq->state;
+  st.kv->truncate(0);
+  network_.init_state(st);  // restored from the first token: the whole history is re-run
+  st.n_past = 0;
+  victim.preempted_in_plan = plan_number_;
+  ++preemptions_;
+}
+
+bool Scheduler::secure_kv(const Planned& p) {
+  Request& r = *p.request;
+  Sequence& seq = *r.seq;
+  SequenceKv& kv = *seq.state.kv;
+  const KvPool& pool = kv.pool();
+  // A restore reserves the whole history and the work behind it, an append all its tokens at its
+  // first chunk (a new session is admitted all or nothing), a decode its one token.
+  const int64_t pending = r.is_generate ? 1 : r.remaining();
+  const int64_t need = p.restore ? int64_t(seq.tokens.size()) + pending : seq.state.n_past + pending;
+  const int64_t pt = kv.page_tokens();
+  const int64_t pages_needed = (need + pt - 1) / pt;
+  if (pages_needed > pool.max_pages()) {
+    fail(r, "context memory exhausted: a context of " + std::to_string(need) + " tokens needs " +
+                std::to_string(pages_needed) + " KV pages and the pool has " + std::to_string(pool.max_pages()) +
+                " (" + std::to_string(pool.max_pages() * pt) + " tokens); raise the KV budget");
+    return false;
+  }
+  if (kv.reserve(need)) return true;
+  auto pages_of = [](const Sequence& s) { return s.state.kv->capacity_tokens() / s.state.kv->page_tokens(); };
+  // 1. Speculative pages of generating sessions (reserved for max_tokens, not yet needed).
+  for (Request* o : queue_)
+    if (o != &r && o->is_generate && !o->done && o->seq->state.kv->capacity_tokens() > 0)
+      o->seq->state.kv->truncate(std::max<int64_t>(int64_t(o->seq->tokens.size()) + 1, o->seq->state.n_past + 1));
+  if (kv.reserve(need)) return true;
+  // 2. Idle sessions, then 3. lower-ranked calls, lowest first; nothing is taken unless it is enough.
+  std::vector<Request*> victims;
+  for (Request* o : queue_)
+    if (o != &r && !o->done && o->seq != &seq && pages_of(*o->seq) > 0 && ranks_below(*o->seq, seq))
+      victims.push_back(o);
+  std::sort(victims.begin(), victims.end(), [](const Request* a, const Request* b) { return ranks_below(*a->seq, *b->seq); });
+  int64_t reachable = pool.max_pages() - pool.pages_in_use() + (idle_kv_.pages ? idle_kv_.pages() : 0);
+  for (const Request* v : victims) reachable += pages_of(*v->seq);
+  if (reachable >= pages_needed - pages_of(seq)) {
+    for (size_t next = 0;;) {
+      if (kv.reserve(need)) return true;
+      if (idle_kv_.reclaim_one && idle_kv_.reclaim_one()) continue;
+      if (next == victims.size()) break;
+      preempt(*victims[next++]);
+    }
+  }
+  if (!seq.started) {  // a new session: refused, untouched
+    fail(r, "context memory exhausted: " + std::to_string(need) + " tokens need " + std::to_string(pages_needed) +
+                " KV pages; " + std::to_string(pool.max_pages() - pool.pages_in_use()) + " of " +
+                std::to_string(pool.max_pages()) + " are free and the rest are held by running sessions; " +
+                "try again later, or raise the KV budget");
+    return false;
+  }
+  r.kv_stalled = true;  // waits, keeping its pages, until some are given back
+  r.stalled_epoch = kv_epoch_;
+  if (!r.waited_for_kv) ++kv_waits_;
+  r.waited_for_kv = true;
+  return false;
 }
 
 Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions& options,
@@ -152,47 +251,57 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   std::vector<Planned>& plan = plan_;
   std::vector<Request*>& prefill = prefill_;
   plan.clear(), prefill.clear();
+  ++plan_number_;
   for (Request* r : queue_) {
-    if (r->in_step || r->done) continue;
+    if (!wants_step(*r)) continue;
+    r->kv_stalled = false;
+    const int64_t gap = history_gap(*r->seq);
     if (r->is_generate) {
-      if (!decode_ready(*r)) continue;
-      SequenceState& st = r->seq->state;
-      const int64_t n = st.n_past + 1;
-      if (n > config_.max_position_embeddings) {
-        r->error = "generate: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
-                   std::to_string(config_.max_position_embeddings);
-      } else if (config_.n_full_layers() > 0) {
-        Status s = st.kv->reserve(n);
-        while (!s && reclaim_kv_ && reclaim_kv_()) s = st.kv->reserve(n);  // idle sessions' pages first
-        if (!s) r->error = "generate: " + s.error();
-      }
-      if (!r->error.empty()) {
-        if (r->can_finish()) {
-          r->done = true;
-          r->done_cv.notify_one();
-        }
+      if (gap > 0) {
+        prefill.push_back(r);  // preempted or reclaimed: its history first
         continue;
       }
-      plan.push_back({r, 1});
-    } else if (r->cancel && r->cancel->load() && r->remaining() > 0) {
+      const int64_t n = r->seq->state.n_past + 1;
+      if (n > config_.max_position_embeddings) {
+        fail(*r, "generate: context of " + std::to_string(n) + " tokens exceeds max_position_embeddings = " +
+                     std::to_string(config_.max_position_embeddings));
+        continue;
+      }
+      plan.push_back({r, 1, false});
+    } else if (r->cancel && r->cancel->load() && (r->remaining() > 0 || gap > 0)) {
       r->cancelled = r->done = true;
       r->done_cv.notify_one();
-    } else if (r->remaining() == 1) {
-      plan.push_back({r, 1});  // a one-token append is a decode step
-    } else if (r->remaining() > 1) {
+    } else if (gap > 0 || r->remaining() > 1) {
       prefill.push_back(r);
+    } else if (r->remaining() == 1) {
+      plan.push_back({r, 1, false});  // a one-token append is a decode step
+    } else {
+      r->done = true;  // only a restore was asked for, and there was nothing to restore
+      r->done_cv.notify_one();
     }
   }
-  std::erase_if(queue_, [](Request* r) { return r->done; });
   std::stable_sort(prefill.begin(), prefill.end(),
                    [](const Request* a, const Request* b) { return a->seq->priority > b->seq->priority; });
   int64_t used = 0;
   for (Request* r : prefill) {
-    const int64_t T = std::min(r->remaining(), prefill_chunk_);  // boundaries: multiples from the start
-    if (used > 0 && used + T > prefill_chunk_) continue;         // a smaller one may still fit
-    plan.push_back({r, T});
+    const int64_t gap = history_gap(*r->seq);
+    const bool restore = gap > 0;
+    // Boundaries: multiples of the chunk from the start of the append (or of the restore).
+    const int64_t T = std::min(restore ? gap : r->remaining(), prefill_chunk_);
+    if (used > 0 && used + T > prefill_chunk_) continue;  // a smaller one may still fit
+    plan.push_back({r, T, restore});
     used += T;
   }
+  if (config_.n_full_layers() > 0) {  // KV for every planned step, highest rank first
+    std::vector<size_t> ranked(plan.size());
+    for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = i;
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [&](size_t a, size_t b) { return ranks_below(*plan[b].request->seq, *plan[a].request->seq); });
+    for (size_t i : ranked)
+      if (plan[i].request->preempted_in_plan == plan_number_ || !secure_kv(plan[i])) plan[i].T = 0;
+    std::erase_if(plan, [](const Planned& p) { return p.T == 0; });
+  }
+  std::erase_if(queue_, [](Request* r) { return r->done; });
   for (const Planned& p : plan) p.request->in_step = true;
   return plan;
 }
@@ -204,9 +313,7 @@ void Scheduler::run() {
   auto last_end = std::chrono::steady_clock::now();
   for (;;) {
     auto has_work = [&] {
-      return stop_ || std::any_of(queue_.begin(), queue_.end(), [&](const Request* r) {
-               return !r->in_step && !r->done && (r->is_generate ? decode_ready(*r) : r->remaining() > 0);
-             });
+      return stop_ || std::any_of(queue_.begin(), queue_.end(), [&](const Request* r) { return wants_step(*r); });
     };
     work_.wait(lock, has_work);
     if (stop_) break;
@@ -228,7 +335,9 @@ void Scheduler::run() {
     for (size_t i = 0; i < plan.size(); ++i) {
       Request& r = *plan[i].request;
       Sequence& seq = *r.seq;
-      if (r.is_generate) {
+      if (plan[i].restore) {
+        steps.push_back({seq.tokens.data() + seq.state.n_past, plan[i].T, &seq.state, LogitRows::none, nullptr});
+      } else if (r.is_generate) {
         decode_tokens[i] = r.result.tokens[r.forwarded];
         steps.push_back({&decode_tokens[i], 1, &seq.state, LogitRows::last, seq.last_logits.data()});
       } else {
@@ -264,6 +373,15 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     Request& r = *p.request;
     Sequence& seq = *r.seq;
     r.in_step = false;
+    if (p.restore) {
+      seq.rebuilt_tokens += p.T;
+      if (!r.is_generate && r.remaining() == 0 && history_gap(seq) == 0) {  // a restore-only call
+        r.done = true;
+        r.done_cv.notify_one();
+      }
+      continue;
+    }
+    seq.started = true;
     if (!r.is_generate) {
       seq.tokens.insert(seq.tokens.end(), r.tokens.begin() + r.consumed, r.tokens.begin() + r.consumed + p.T);
       r.consumed += p.T;

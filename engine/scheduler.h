@@ -6,7 +6,17 @@
 //              + pending prefill, highest priority first (then oldest), up to `prefill_chunk`
 //                tokens per step, a long prompt cut into chunks of prefill_chunk tokens
 //
-// so a 30k-token prefill delays the others by at most one chunk per step. Chunk boundaries of an
+// so a 30k-token prefill delays the others by at most one chunk per step.
+//
+// KV memory: the scheduler reserves each sequence's pages before the step that needs them (an
+// append's whole length at its first chunk, a decode token at a time), highest rank first (rank:
+// priority, then the older session). When the pool is short it takes, in this order, the unused
+// speculative pages of generating sessions, the pages of idle sessions (through IdleKv: their
+// history is re-prefilled on their next call), and the pages of lower-ranked sessions inside a
+// call, which are preempted: their history is re-prefilled ("restored") before they go on, with
+// the same results. A session that has run before is never failed for memory: when nothing can be
+// taken it waits until pages are given back. Only a new session (no tokens yet) is refused,
+// untouched, with "context memory exhausted", and so is any context needing more than the pool. Chunk boundaries of an
 // append depend only on that append (multiples of prefill_chunk from its start), and the forward
 // pass computes each sequence independently of its batch-mates: a session's logits are the same
 // whichever sessions it shares steps with.
@@ -58,7 +68,12 @@ struct Sequence {
   SequenceState state;
   std::vector<int32_t> tokens;     // the history
   std::vector<float> last_logits;  // [V] after the last position; empty before the first append
-  int priority = 0;                // higher: prefill admitted first
+  int priority = 0;                // higher: prefill admitted first, and ranked above for KV memory
+  uint64_t order = 0;              // the session's opening order: at equal priority the older ranks above
+  bool started = false;            // has run tokens: from then on never refused for memory, only delayed
+  // History positions re-prefilled because the KV pages were taken (idle reclaim or preemption).
+  // Positions [state.n_past, tokens.size()) are such a gap until the scheduler restores them.
+  int64_t rebuilt_tokens = 0;
 };
 
 // One finished step, for benches (Scheduler::step_log).
@@ -76,26 +91,40 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Runs `tokens` after seq's history (ids valid, KV reserved by the caller) and writes logits
-  // of every position (all_logits, out [T][V]) or of the last (out [V]). Blocks until done, or
-  // until *cancel is set: then it returns false at the next step (after at most the chunk in
-  // flight), with the chunks already run in seq's history and seq.last_logits not updated.
-  bool append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
-              const std::atomic<bool>* cancel = nullptr);
+  // Restores seq's history gap, then runs `tokens` (ids valid; may be empty: only the restore)
+  // after its history and writes logits of every position (all_logits, out [T][V]) or of the last
+  // (out [V]). Blocks until done (true), or until *cancel is set: then it returns false at the
+  // next step (after at most the chunk in flight), with the chunks already run in seq's history
+  // and seq.last_logits not updated. An error when memory refuses a new session or the context
+  // needs more KV pages than the pool has; nothing has run then.
+  Result<bool> append(Sequence& seq, std::span<const int32_t> tokens, bool all_logits, float* out,
+                      const std::atomic<bool>* cancel = nullptr);
 
   // Samples from seq.last_logits (non-empty), forwarding each sampled token, until a stop
-  // token, max_tokens, or on_token returns false. KV for each token is reserved before its step;
-  // "context memory exhausted" / the context limit end it with an error (tokens kept in history).
+  // token, max_tokens, or on_token returns false. KV for each token is reserved before its step
+  // (see above: the session may be delayed or preempted, not failed); a context longer than
+  // max_position_embeddings or than the whole pool ends it with an error (tokens kept in history).
   Result<GenerateResult> generate(Sequence& seq, const GenerateOptions& options,
                                   const std::function<bool(int32_t)>& on_token);
 
   int64_t prefill_chunk() const { return prefill_chunk_; }
-  // Called (on the scheduler thread, under its lock) when a generating session's next KV page is
-  // not free: frees an idle session's pages and says whether it did. Set once, before any call.
-  void set_kv_reclaimer(std::function<bool()> reclaim) {
+  // The KV pages of sessions not inside a call, which the scheduler may take (called on the
+  // scheduler thread, under its lock). Set once, before any call.
+  struct IdleKv {
+    std::function<int64_t()> pages;     // how many pages idle sessions hold
+    std::function<bool()> reclaim_one;  // frees the least recently used one's; false if none
+  };
+  void set_idle_kv(IdleKv idle) {
     std::lock_guard<std::mutex> lock(mu_);
-    reclaim_kv_ = std::move(reclaim);
+    idle_kv_ = std::move(idle);
   }
+  // Pages were given back or became reclaimable (a session call ended, a session closed):
+  // requests waiting for memory try again.
+  void kv_released();
+  // Sessions preempted inside a call so far (their pages taken by a higher-ranked one).
+  int64_t preemptions() const { return preemptions_.load(); }
+  // Calls that had to wait for KV memory (no page could be taken for them).
+  int64_t kv_waits() const { return kv_waits_.load(); }
   // The last steps (at most kStepLogSize), oldest first; clear_step_log() empties it.
   std::vector<StepRecord> step_log() const;
   void clear_step_log();
@@ -106,11 +135,18 @@ class Scheduler {
   struct Planned {
     Request* request;
     int64_t T;
+    bool restore;  // T tokens of the history gap, not new work
   };
   void run();
   const std::vector<Planned>& plan_step();
   void finish_step(const std::vector<Planned>& plan);
   bool decode_ready(const Request& r) const;
+  bool wants_step(const Request& r) const;
+  // Reserves the KV that p's step needs, taking pages as described at the top; false when p must
+  // wait (or was refused: it is then finished with the error).
+  bool secure_kv(const Planned& p);
+  void preempt(Request& victim);
+  void fail(Request& r, std::string error);
 
   const Qwen35Model& network_;
   const ModelConfig& config_;
@@ -126,7 +162,11 @@ class Scheduler {
   std::deque<StepRecord> log_;   // GUARDED_BY(mu_)
   std::vector<Planned> plan_;    // scheduler thread only: reused every step
   std::vector<Request*> prefill_;
-  std::function<bool()> reclaim_kv_;  // GUARDED_BY(mu_)
+  IdleKv idle_kv_;                // GUARDED_BY(mu_)
+  uint64_t kv_epoch_ = 0;         // GUARDED_BY(mu_): bumped whenever pages may have come free
+  uint64_t plan_number_ = 0;      // scheduler thread only
+  std::atomic<int64_t> preemptions_{0};
+  std::atomic<int64_t> kv_waits_{0};
   std::thread thread_;           // last: starts after everything above exists
 };
 

@@ -78,6 +78,7 @@ class SequenceKv {
   void truncate(int64_t n_tokens);
   int64_t capacity_tokens() const { return int64_t(pages_.size()) * pool_->layout().page_tokens; }
   int64_t page_tokens() const { return pool_->layout().page_tokens; }
+  const KvPool& pool() const { return *pool_; }
 
   // k, v: one token's [Hkv·D] f32, stored at `pos` (which must be reserved) in the cache dtype.
   void write(int layer, int64_t pos, const float* k, const float* v);

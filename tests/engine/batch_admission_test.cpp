@@ -1,7 +1,8 @@
 // Admission and memory: sessions beyond max_sessions wait in line by priority (then arrival) and
-// see their position; a non-blocking open never jumps the line; when KV pages run out the new
-// call is refused with "context memory exhausted" and running sessions go on unharmed; the
-// scheduler serves prefill by priority.
+// see their position; a non-blocking open never jumps the line; when KV pages run out a new
+// session is refused with "context memory exhausted" and running sessions go on unharmed: they
+// are delayed or preempted (re-prefilled later, same tokens), never failed; higher priority
+// takes memory from lower; the scheduler serves prefill by priority.
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -146,6 +147,145 @@ TEST(Memory, ExhaustedKvRefusesTheNewcomerAndRunningSessionsGoOn) {
   ASSERT_TRUE(rr.ok());
   EXPECT_EQ(r->tokens, rr->tokens);
   EXPECT_EQ(m.kv_pool().pages_in_use(), 7);  // 110 tokens; the unused reservation was given back
+}
+
+// A model for two sessions whose KV pool holds exactly `pages` pages of 16 tokens.
+std::unique_ptr<Model> model_with_pages(const std::string& dir, int64_t pages) {
+  EngineOptions o;
+  o.max_sessions = 2;
+  auto probe = Model::load(dir, o);
+  EXPECT_TRUE(probe.ok());
+  o.kv_budget_bytes = 2 * (*probe)->plan().state_bytes_per_session + pages * (*probe)->plan().page_bytes;
+  auto m = Model::load(dir, o);
+  EXPECT_TRUE(m.ok()) << m.error();
+  EXPECT_EQ((*m)->plan().pages, pages);
+  return std::move(m).value();
+}
+
+// What a session would generate after `prompt` on a model with plenty of memory.
+std::vector<int32_t> reference_generation(const std::string& dir, const std::vector<int32_t>& prompt,
+                                          const GenerateOptions& g) {
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto s = (*roomy)->open_session();
+  EXPECT_TRUE((*s)->append(prompt).ok());
+  auto r = (*s)->generate(g);
+  EXPECT_TRUE(r.ok());
+  return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+// Two sessions generate at once and outgrow a full pool: the older one takes the newer one's
+// pages; the newer waits, re-prefills its history when the older's call ends, and finishes with
+// exactly the tokens it would have produced with memory to spare. Neither call fails.
+TEST(Memory, GrowingRunningSessionsPreemptTheNewerInsteadOfFailing) {
+  const std::string dir = make_model(TinyModelOptions{});
+  auto m = model_with_pages(dir, 8);
+  const int64_t V = m->config().vocab_size;
+  const auto prompt_a = random_tokens(50, V, 41), prompt_b = random_tokens(50, V, 42);
+  auto a = m->open_session(), b = m->open_session();
+  ASSERT_TRUE((*a)->append(prompt_a).ok());  // 4 pages
+  ASSERT_TRUE((*b)->append(prompt_b).ok());  // 4 pages: the pool is full
+  GenerateOptions g;
+  g.max_tokens = 30;  // 80 tokens each: 5 pages each, 10 in all
+  std::atomic<bool> b_queued{false};
+  Result<GenerateResult> ra = make_error("not run"), rb = make_error("not run");
+  std::thread tb([&] {
+    rb = (*b)->generate(g, [&](int32_t) {
+      b_queued = true;
+      return true;
+    });
+  });
+  ra = (*a)->generate(g, [&](int32_t) {
+    while (!b_queued) std::this_thread::sleep_for(1ms);  // both inside a call before any page runs out
+    return true;
+  });
+  tb.join();
+  ASSERT_TRUE(ra.ok()) << ra.error();
+  ASSERT_TRUE(rb.ok()) << rb.error();
+  EXPECT_EQ(ra->tokens, reference_generation(dir, prompt_a, g));
+  EXPECT_EQ(rb->tokens, reference_generation(dir, prompt_b, g));
+  EXPECT_EQ(m->kv_preemptions(), 1);
+  EXPECT_EQ((*a)->rebuilt_tokens(), 0);
+  EXPECT_GT((*b)->rebuilt_tokens(), 50);  // its prompt and what it had generated when a needed its 5th page
+  EXPECT_EQ((*b)->size(), 80);
+  // a went idle and gave its pages to b's restore; its next call rebuilds and matches a fresh run.
+  EXPECT_EQ(m->kv_reclaims(), 1);
+  const auto more = random_tokens(5, V, 43);
+  auto after = (*a)->append(more);
+  ASSERT_TRUE(after.ok()) << after.error();
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto ref = (*roomy)->open_session();
+  std::vector<int32_t> history = (*a)->tokens();
+  history.resize(history.size() - more.size());
+  ASSERT_TRUE((*ref)->append(history).ok());
+  auto want = (*ref)->append(more);
+  EXPECT_LE(testing::rel_l2(*after, *want), 1e-5);
+}
+
+// A session that has run (an agent's next turn) asks for more pages than are free while an older
+// session's call holds the rest: its append waits for that call to end instead of failing.
+TEST(Memory, ARunningSessionsNextTurnWaitsForPagesInsteadOfFailing) {
+  const std::string dir = make_model(TinyModelOptions{});
+  auto m = model_with_pages(dir, 8);
+  const int64_t V = m->config().vocab_size;
+  const auto prompt_a = random_tokens(90, V, 51), prompt_b = random_tokens(16, V, 52),
+             turn_b = random_tokens(40, V, 53);
+  auto a = m->open_session(), b = m->open_session();
+  ASSERT_TRUE((*a)->append(prompt_a).ok());  // 6 pages
+  ASSERT_TRUE((*b)->append(prompt_b).ok());  // 1 page
+  GenerateOptions g;
+  g.max_tokens = 20;  // 110 tokens: 7 pages, all but b's
+  std::thread tb;
+  Result<std::vector<float>> appended = make_error("not run");
+  auto ra = (*a)->generate(g, [&](int32_t) {
+    if (tb.joinable()) return true;
+    tb = std::thread([&] { appended = (*b)->append(turn_b); });  // 56 tokens: 4 pages
+    wait_for([&] { return m->kv_waits() == 1; });  // b is queued and waits (a is inside its call)
+    return true;
+  });
+  tb.join();
+  ASSERT_TRUE(ra.ok()) << ra.error();
+  ASSERT_TRUE(appended.ok()) << appended.error();
+  EXPECT_EQ(ra->tokens, reference_generation(dir, prompt_a, g));
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto ref = (*roomy)->open_session();
+  ASSERT_TRUE((*ref)->append(prompt_b).ok());
+  auto want = (*ref)->append(turn_b);
+  EXPECT_LE(testing::rel_l2(*appended, *want), 1e-5);
+  EXPECT_EQ(m->kv_preemptions(), 0);  // b ranks below a: it waited
+  EXPECT_EQ(m->kv_reclaims(), 1);     // then took a's pages when a's call ended
+}
+
+// Priorities decide who gets memory: a higher-priority newcomer is not refused while a
+// lower-priority session's call holds the pages; that session is preempted, and still ends with
+// the tokens it would have produced alone.
+TEST(Memory, AHigherPriorityNewcomerPreemptsALowerPriorityRunner) {
+  const std::string dir = make_model(TinyModelOptions{});
+  auto m = model_with_pages(dir, 8);
+  const int64_t V = m->config().vocab_size;
+  const auto prompt = random_tokens(90, V, 61), newcomer_prompt = random_tokens(40, V, 62);
+  auto runner = m->open_session(0);
+  ASSERT_TRUE((*runner)->append(prompt).ok());  // 6 pages
+  GenerateOptions g;
+  g.max_tokens = 20;  // 110 tokens: 7 pages reserved up front, 1 free
+  std::string newcomer_error = "not run";
+  std::vector<float> newcomer_logits;
+  auto r = (*runner)->generate(g, [&](int32_t) {
+    if (newcomer_error != "not run") return true;
+    auto newcomer = m->open_session(5);  // another thread in real use; here between two steps
+    EXPECT_TRUE(newcomer.ok());
+    auto got = (*newcomer)->append(newcomer_prompt);  // 3 pages
+    newcomer_error = got.ok() ? "" : got.error();
+    if (got.ok()) newcomer_logits = *got;
+    return true;
+  });
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(newcomer_error, "");
+  EXPECT_EQ(m->kv_preemptions(), 1);
+  EXPECT_EQ(r->tokens, reference_generation(dir, prompt, g));
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto ref = (*roomy)->open_session();
+  auto want = (*ref)->append(newcomer_prompt);
+  EXPECT_LE(testing::rel_l2(newcomer_logits, *want), 1e-5);
 }
 
 TEST(Scheduler, PrefillIsServedByPriority) {
