@@ -26,6 +26,7 @@ void Counters::add_turn(const TurnUsage& u) {
   context_tokens = u.context_tokens;
   prefill_s += u.prefill_s;
   decode_s += u.decode_s;
+  wait_s += u.wait_s;
 }
 
 void Counters::add_tool(const std::string& name, double seconds) {

@@ -52,6 +52,7 @@ struct Counters {
   int64_t context_tokens = 0;  // the session's length after the last turn
   int compactions = 0;
   double prefill_s = 0, decode_s = 0, tools_s = 0;
+  double wait_s = 0;  // waiting for engine memory (TurnUsage::wait_s)
 
   void add_turn(const TurnUsage& usage);
   void add_tool(const std::string& name, double seconds);

@@ -69,6 +69,9 @@ struct TurnUsage {
   int64_t context_tokens = 0;    // tokens held by the session after the turn
   double prefill_s = 0;
   double decode_s = 0;
+  // Waiting for engine memory (a new session's first prompt, while running builds held the KV
+  // pages); in neither prefill_s nor decode_s.
+  double wait_s = 0;
 };
 
 enum class TurnEnd { stop, length, cancelled, error };

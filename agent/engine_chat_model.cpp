@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "engine/chat/tool_call_parser.h"
 
@@ -70,6 +71,25 @@ EngineChatModel::EngineChatModel(engine::Model& model, const engine::Tokenizer& 
   context_limit_ = model.config().max_position_embeddings;
   if (options.context_limit > 0 && options.context_limit < context_limit_) context_limit_ = options.context_limit;
   if (!tokenizer.chat_template().empty()) flavor_ = engine::detect_flavor(tokenizer.chat_template());
+}
+
+engine::Result<std::vector<float>> EngineChatModel::first_append(std::span<const engine::TokenId> tokens,
+                                                                 const std::atomic<bool>& cancel, double& wait_s) {
+  std::optional<Clock::time_point> waiting_since;
+  for (;;) {
+    auto appended = session_->append(tokens, false, &cancel);
+    if (appended || !session_->refused_for_memory() || cancel.load()) {
+      if (waiting_since) wait_s += seconds_since(*waiting_since);
+      return appended;
+    }
+    if (!waiting_since) {
+      waiting_since = Clock::now();
+      if (options_.on_memory_wait) options_.on_memory_wait(appended.error());
+    }
+    // Pages come back when another build's call ends; a tenth of a second is a small delay
+    // against minutes of building, and a refused try costs the engine almost nothing.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 Result<engine::RenderResult> EngineChatModel::render(const std::vector<Message>& messages,
@@ -175,7 +195,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   out.usage.reused_tokens = session_->size();
   out.usage.prefilled_tokens = static_cast<int64_t>(p->tokens.size());
   if (first) {
-    auto a = session_->append(std::span(p->tokens).first(p->base_tokens), false, &cancel);
+    auto a = first_append(std::span(p->tokens).first(p->base_tokens), cancel, out.usage.wait_s);
     if (!a) return prefill_failed(a.error());
     base_ = session_->checkpoint();
     auto b = session_->append(std::span(p->tokens).subspan(p->base_tokens), false, &cancel);
@@ -188,7 +208,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   const int64_t rebuilt = session_->rebuilt_tokens() - rebuilt_before;
   out.usage.prefilled_tokens += rebuilt;
   out.usage.reused_tokens -= rebuilt;
-  out.usage.prefill_s = seconds_since(t0);
+  out.usage.prefill_s = seconds_since(t0) - out.usage.wait_s;
 
   // Decode, parsing as the text streams out.
   engine::ToolCallParser parser(tool_objects(request.tools), {options_.enable_thinking});

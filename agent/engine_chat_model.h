@@ -14,8 +14,11 @@
 // Threading: one build thread; `cancel` is checked after every sampled token.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,9 @@ struct EngineChatModelOptions {
   engine::SamplingParams sampling;  // the caller's choice (model-spec §9.2 lists the card's)
   bool enable_thinking = true;
   int64_t context_limit = 0;        // 0: the model's max_position_embeddings
+  // Called once when the first prompt has to wait for engine memory (running builds hold the KV
+  // pages; the engine refuses a new session then), with the engine's message.
+  std::function<void(const std::string& message)> on_memory_wait;
 };
 
 class EngineChatModel final : public ChatModel {
@@ -63,6 +69,10 @@ class EngineChatModel final : public ChatModel {
   Result<Pending> pending(const std::vector<Message>& conversation, const std::vector<ToolSchema>& tools);
   Result<engine::RenderResult> render(const std::vector<Message>& messages, const std::vector<ToolSchema>& tools,
                                       bool generation_prompt) const;
+  // The session's first append: while the engine refuses it for memory (running builds hold the
+  // KV pages), waits and tries again as they give pages back, until cancel; adds the wait to wait_s.
+  engine::Result<std::vector<float>> first_append(std::span<const engine::TokenId> tokens,
+                                                  const std::atomic<bool>& cancel, double& wait_s);
   // Tokens of bytes [from, to) of a render: the messages' own text is never an added token.
   void encode_slice(const engine::RenderResult& r, size_t from, size_t to, std::vector<engine::TokenId>& out) const;
 

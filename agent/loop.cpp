@@ -144,7 +144,7 @@ class Agent {
     emit("metric", {{"step", counters_.steps}, {"tokens_prefilled", u.prefilled_tokens},
                     {"tokens_reused", u.reused_tokens}, {"tokens_generated", u.generated_tokens},
                     {"tokens_reasoning", u.reasoning_tokens}, {"context_tokens", u.context_tokens},
-                    {"prefill_s", u.prefill_s}, {"decode_s", u.decode_s}});
+                    {"prefill_s", u.prefill_s}, {"decode_s", u.decode_s}, {"wait_s", u.wait_s}});
     switch (turn.end) {
       case TurnEnd::stop: return std::nullopt;
       case TurnEnd::cancelled: return stop_.requested() ? stop_from_signal() : Stop{StopReason::model_error, "the model stopped the turn"};

@@ -1,5 +1,6 @@
 #include "agent/worker.h"
 
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <iostream>
@@ -206,6 +207,7 @@ class BuildRun {
           m.tokens_reasoning += p.value("tokens_reasoning", int64_t{0});
           m.seconds_prefill += p.value("prefill_s", 0.0);
           m.seconds_decode += p.value("decode_s", 0.0);
+          m.seconds_model_wait += p.value("wait_s", 0.0);
         } else if (e.kind == "tool_call" && p.contains("name") && p["name"].is_string()) {
           ++m.tool_calls[p["name"].get<std::string>()];
         }
@@ -214,7 +216,7 @@ class BuildRun {
     }
     for (auto& [attempt, m] : lost) {
       if (recorded[attempt]) continue;
-      m.seconds_wall = double(span_ms[attempt].second - span_ms[attempt].first) / 1000.0;
+      m.seconds_wall = std::max(0.0, double(span_ms[attempt].second - span_ms[attempt].first) / 1000.0 - m.seconds_model_wait);
       // The metrics and the event that marks them recovered go in one transaction: a kill in
       // between would otherwise have the next attempt add them again.
       const Json note = {{"phase", "resume"},
@@ -313,6 +315,7 @@ class BuildRun {
     metrics_.seconds_prefill = c.prefill_s;
     metrics_.seconds_decode = c.decode_s;
     metrics_.seconds_tools = c.tools_s;
+    metrics_.seconds_model_wait += c.wait_s;  // not the build's own time: out of seconds_wall
     return result;
   }
 

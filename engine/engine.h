@@ -192,6 +192,9 @@ class Session {
   int priority() const { return seq_.priority; }
   // Tokens re-prefilled because this session's KV pages were taken (while idle, or preempted).
   int64_t rebuilt_tokens() const { return seq_.rebuilt_tokens; }
+  // The last append failed only because running sessions held the KV memory (a new session is
+  // refused then, untouched): the same call can succeed once they give pages back.
+  bool refused_for_memory() const { return seq_.refused_for_memory; }
 
  private:
   friend class Model;

@@ -95,6 +95,7 @@ Result<bool> Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, b
                                const std::atomic<bool>* cancel) {
   Request r;
   r.seq = &seq;
+  seq.refused_for_memory = false;
   r.tokens = tokens;
   r.all_logits = all_logits;
   r.out = out;
@@ -179,6 +180,7 @@ bool Scheduler::secure_kv(const Planned& p) {
     }
   }
   if (!seq.started) {  // a new session: refused, untouched
+    seq.refused_for_memory = true;
     fail(r, "context memory exhausted: " + std::to_string(need) + " tokens need " + std::to_string(pages_needed) +
                 " KV pages; " + std::to_string(pool.max_pages() - pool.pages_in_use()) + " of " +
                 std::to_string(pool.max_pages()) + " are free and the rest are held by running sessions; " +

@@ -71,6 +71,7 @@ struct Sequence {
   int priority = 0;                // higher: prefill admitted first, and ranked above for KV memory
   uint64_t order = 0;              // the session's opening order: at equal priority the older ranks above
   bool started = false;            // has run tokens: from then on never refused for memory, only delayed
+  bool refused_for_memory = false; // the last append was refused: running sessions held the pages
   // History positions re-prefilled because the KV pages were taken (idle reclaim or preemption).
   // Positions [state.n_past, tokens.size()) are such a gap until the scheduler restores them.
   int64_t rebuilt_tokens = 0;

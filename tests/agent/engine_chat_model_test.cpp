@@ -243,6 +243,64 @@ TEST(EngineChatModel, eight_threads_share_four_slots_and_all_complete) {
   EXPECT_EQ(m.open_sessions(), 0);
 }
 
+// The engine refuses a new session's first prompt while running builds hold the KV pages: the
+// build waits for them (one on_memory_wait call, the wait in wait_s and not in prefill_s) and
+// its turn completes once a running build's call ends, instead of failing.
+TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
+  TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  const std::vector<Message> conv{make_message(Role::system, "You are kiln."), make_message(Role::user, "Fix it.")};
+  auto probe = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
+  ASSERT_TRUE(probe.ok());
+  auto prompt = (*probe)->prompt_tokens(conv, tools());
+  ASSERT_TRUE(prompt.ok()) << prompt.error();
+  probe.value().reset();
+  // A pool with room for the prompt plus two pages; the running build holds all but one.
+  const engine::CapacityPlan& plan = tiny.model->plan();
+  const int64_t prompt_pages = (*prompt + 15) / 16, pages = prompt_pages + 2;
+  engine::EngineOptions o;
+  o.max_sessions = 2;
+  o.kv_budget_bytes = 2 * plan.state_bytes_per_session + pages * plan.page_bytes;
+  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  engine::Model& m = **loaded;
+  ASSERT_EQ(m.plan().pages, pages);
+  auto runner = m.open_session();
+  ASSERT_TRUE(runner.ok());
+  const std::vector<int32_t> held((pages - 1) * 16, 5);
+  ASSERT_TRUE((*runner)->append(held).ok());
+
+  std::atomic<int> memory_waits{0};
+  std::string wait_message;
+  EngineChatModelOptions options;
+  options.on_memory_wait = [&](const std::string& message) {
+    wait_message = message;
+    ++memory_waits;
+  };
+  auto opened = EngineChatModel::open(m, *tiny.tokenizer, "tiny", options);
+  ASSERT_TRUE(opened.ok()) << opened.error();
+  ModelTurn turn;
+  std::atomic<bool> cancel{false};
+  std::thread build;
+  engine::GenerateOptions g;
+  g.max_tokens = 8;
+  auto r = (*runner)->generate(g, [&](int32_t) {  // the running build is inside a call
+    build = std::thread([&] { turn = (*opened)->next_turn({conv, tools(), 4}, nullptr, cancel); });
+    for (int i = 0; i < 2000 && memory_waits == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the new build keeps waiting
+    return false;
+  });
+  ASSERT_TRUE(r.ok()) << r.error();
+  build.join();  // the runner's call ended: its pages can be taken
+  ASSERT_NE(turn.end, TurnEnd::error) << turn.error;
+  EXPECT_EQ(memory_waits, 1);
+  EXPECT_NE(wait_message.find("context memory exhausted"), std::string::npos) << wait_message;
+  EXPECT_GE(turn.usage.wait_s, 0.1);
+  EXPECT_LT(turn.usage.prefill_s, turn.usage.wait_s);
+  EXPECT_EQ(turn.usage.prefilled_tokens + turn.usage.reused_tokens, *prompt);
+  EXPECT_EQ(m.kv_reclaims(), 1);
+}
+
 // With a store, a build waiting for a slot emits status events with its place in line.
 TEST(EngineProvider, waiting_build_emits_its_position) {
   TinyEngine tiny;  // max_sessions = 2
