@@ -11,6 +11,7 @@
 #include "server/models.h"
 #include "server/routes.h"
 #include "store/store.h"
+#include "tools/git.h"
 
 namespace kiln::server {
 
@@ -264,6 +265,11 @@ std::optional<HttpResponse> parse_submit(const std::string& body, const ServerCo
 HttpResponse submit_build(const HttpRequest& req, App& app) {
   store::BuildSpec spec;
   if (auto err = parse_submit(req.body, *app.config, spec)) return *err;
+  if (std::optional<store::Error> invalid = app.store->validate(spec)) return store_error(*invalid);
+  // A local repository is checked now (milliseconds), so that a wrong path or ref is this
+  // request's 400 rather than a build that errors after waiting in the queue.
+  if (tools::SourceCheck source = tools::check_local_source(spec.repo, spec.ref); !source.ok())
+    return error_response(400, "invalid_source", source.error, source.field);
   auto build = app.store->submit(spec);
   if (!build) return store_error(build.error());
   HttpResponse res = json_response(201, build_json(*build));

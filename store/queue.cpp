@@ -20,7 +20,7 @@ Error invalid(std::string field, std::string message) {
 
 bool blank(std::string_view s) { return s.find_first_not_of(" \t\r\n") == std::string_view::npos; }
 
-std::optional<Error> validate(const BuildSpec& spec, const StoreOptions& options) {
+std::optional<Error> validate_spec(const BuildSpec& spec, const StoreOptions& options) {
   constexpr size_t kMaxTaskBytes = 1 << 20;
   if (blank(spec.repo)) return invalid("repo", "repo is empty");
   if (spec.repo.size() > 4096) return invalid("repo", "repo is longer than 4096 bytes");
@@ -96,8 +96,10 @@ Result<Build> commit_transition(Store::Impl& impl, Db& db, WriteTxn& txn, int64_
 
 }  // namespace
 
+std::optional<Error> Store::validate(const BuildSpec& spec) const { return validate_spec(spec, impl_->options); }
+
 Result<Build> Store::submit(const BuildSpec& spec) {
-  if (std::optional<Error> e = validate(spec, impl_->options)) return *e;
+  if (std::optional<Error> e = validate_spec(spec, impl_->options)) return *e;
   std::string key = task_key(spec);
   return impl_->write([&](Db& db) -> Result<Build> {
     int64_t now = impl_->now_ms();

@@ -361,6 +361,8 @@ class Store {
 
   // Validates (nothing is written on error), inserts a queued build, wakes waiting workers.
   Result<Build> submit(const BuildSpec& spec);
+  // submit()'s validation alone: the first invalid field, if any.
+  std::optional<Error> validate(const BuildSpec& spec) const;
   Result<Build> get(int64_t build_id, bool include_diff = true);
   Result<ListPage> list(const ListQuery& query);
 

@@ -121,6 +121,42 @@ std::string update_submodules(git_repository* repo) {
 
 }  // namespace
 
+SourceCheck check_local_source(const std::string& source, const std::string& ref) {
+  const bool file_url = source.rfind("file://", 0) == 0;
+  if (!file_url && (source.empty() || source.front() != '/')) return {};  // a network source
+  init_once();
+  const fs::path path = file_url ? fs::path(source.substr(7)) : fs::path(source);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return {"repo " + source + " does not exist on the kiln server", "repo"};
+  git_repository* raw = nullptr;
+  if (git_repository_open_ext(&raw, path.c_str(), GIT_REPOSITORY_OPEN_NO_SEARCH, nullptr) != 0)
+    return {why("repo " + source + " is not a git repository"), "repo"};
+  Repo repo(raw);
+  if (git_repository_is_shallow(repo.get()) == 1)
+    return {"repo " + source + " is a shallow repository (cloned with --depth), so its history is incomplete; "
+            "give the full repository, or run `git fetch --unshallow` in it first", "repo"};
+  if (git_repository_is_empty(repo.get()) == 1) return {"repo " + source + " is empty: it has no commits", "repo"};
+  // As the clone resolves it: its branches (a clone's origin/<name>), tags, then any revision.
+  std::vector<std::string> candidates;
+  if (ref.empty()) {
+    candidates = {"HEAD"};
+  } else {
+    candidates = {"refs/heads/" + ref, "refs/tags/" + ref, ref};
+    if (ref.rfind("origin/", 0) == 0) candidates.push_back("refs/heads/" + ref.substr(7));
+  }
+  for (const auto& spec : candidates) {
+    git_object* obj = nullptr;
+    if (git_revparse_single(&obj, repo.get(), spec.c_str()) != 0) continue;
+    Object owned(obj);
+    git_object* peeled = nullptr;
+    if (git_object_peel(&peeled, obj, GIT_OBJECT_COMMIT) != 0) continue;
+    git_object_free(peeled);
+    return {};
+  }
+  if (ref.empty()) return {"repo " + source + ": its HEAD does not point to a commit", "repo"};
+  return {"ref '" + ref + "' was not found in " + source + " (tried a branch, a tag and a commit id)", "ref"};
+}
+
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref, const fs::path& dest,
                                           const std::string& build_id) {
   init_once();

@@ -36,6 +36,18 @@ struct CloneInfo {
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
                                           const std::filesystem::path& dest, const std::string& build_id);
 
+// A build's source checked before it is queued, where that costs nothing: a local source (a path,
+// or a file:// URL) must be a git repository with commits, not shallow, in which `ref` names a
+// branch, tag or commit (empty: its HEAD). Other sources (network URLs) are not contacted and
+// pass. On failure `field` names the input at fault: "repo" or "ref". Never stricter than
+// git_clone_workspace: what it refuses, a clone would fail on.
+struct SourceCheck {
+  std::string error;  // empty when fine (or not checked)
+  std::string field;
+  bool ok() const { return error.empty(); }
+};
+SourceCheck check_local_source(const std::string& source, const std::string& ref);
+
 struct StatusEntry {
   std::string path;
   std::string status;  // "new", "modified", "deleted", "renamed", "typechange"

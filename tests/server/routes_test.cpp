@@ -59,7 +59,7 @@ class RoutesTest : public ::testing::Test {
 };
 
 TEST_F(RoutesTest, SubmitReturns201WithTheBuildAndDefaults) {
-  auto r = call("POST", "/v1/builds", R"({"repo":"/tmp/r","task":"fix the bug","verify":"make test"})");
+  auto r = call("POST", "/v1/builds", json{{"repo", testing::any_repo()}, {"task", "fix the bug"}, {"verify", "make test"}}.dump());
   ASSERT_EQ(r.response.status, 201) << r.response.body;
   json b = body_of(r);
   EXPECT_GT(b["id"].get<int64_t>(), 0);
@@ -94,6 +94,20 @@ TEST_F(RoutesTest, SubmitValidationNamesTheField) {
   EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
 }
 
+// A local repository is checked at submit: a wrong path or ref is a 400 naming the field, not a
+// build that errors after waiting in the queue.
+TEST_F(RoutesTest, SubmitChecksALocalRepositoryAndItsRef) {
+  auto body = [](const std::string& repo, const std::string& ref) {
+    return json{{"repo", repo}, {"ref", ref}, {"task", "x"}}.dump();
+  };
+  expect_error(call("POST", "/v1/builds", body((dir_.path() / "no-such-repo").string(), "")), 400, "repo");
+  expect_error(call("POST", "/v1/builds", body(testing::any_repo(), "no-such-branch")), 400, "ref");
+  auto page = store_->list({});
+  ASSERT_TRUE(page.ok());
+  EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
+  EXPECT_EQ(call("POST", "/v1/builds", body(testing::any_repo(), "main")).response.status, 201);
+}
+
 TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
   // Each of these used to be a 201 whose build then failed at once (the worker's int step count
   // and steady_clock deadline overflowed) or stored a wrapped priority (2^64 - 1 read as -1).
@@ -118,12 +132,13 @@ TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
 
   // The bounds themselves are fine.
   auto r = call("POST", "/v1/builds",
-                R"({"repo":"/r","task":"x","limits":{"steps":1000000,"tokens":1000000000,"wall_seconds":10000000},)"
-                R"("priority":9223372036854775807})");
+                R"({"repo":")" + testing::any_repo() +
+                    R"(","task":"x","limits":{"steps":1000000,"tokens":1000000000,"wall_seconds":10000000},)"
+                    R"("priority":9223372036854775807})");
   ASSERT_EQ(r.response.status, 201) << r.response.body;
   EXPECT_EQ(body_of(r)["limits"]["wall_seconds"], 10000000);
   EXPECT_EQ(body_of(r)["priority"], INT64_MAX);
-  r = call("POST", "/v1/builds", R"({"repo":"/r","task":"y","priority":-9223372036854775808})");
+  r = call("POST", "/v1/builds", R"({"repo":")" + testing::any_repo() + R"(","task":"y","priority":-9223372036854775808})");
   ASSERT_EQ(r.response.status, 201) << r.response.body;
   EXPECT_EQ(body_of(r)["priority"], INT64_MIN);
 }

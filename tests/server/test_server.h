@@ -66,6 +66,17 @@ inline void make_git_repo(const std::filesystem::path& dir) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
+// A git repository for submissions that only need to pass the submit-time source check (made
+// once per test process, removed at exit).
+inline const std::string& any_repo() {
+  static const TempDir dir;
+  static const std::string path = [] {
+    make_git_repo(dir.path() / "repo");
+    return (dir.path() / "repo").string();
+  }();
+  return path;
+}
+
 // The turns of a scripted test model (ServerConfig's "scripted_test_turns"): `bash_turns` turns
 // that each think for a while (decode_ms per scripted token) and run one bash command, then
 // one that fixes calc.sh, then `submit`. `extra_command` (if any) runs as the last bash call.

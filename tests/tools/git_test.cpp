@@ -262,6 +262,43 @@ TEST(Git, CloneOfASharedSourceHoldsItsOwnObjects) {
   EXPECT_EQ(git_cli(dest, "log --format=%s"), "second\nfirst");
 }
 
+// The submit-time check of a local source accepts exactly the refs a clone resolves (it is never
+// stricter), and names the input at fault otherwise; network sources are not contacted.
+TEST(Git, LocalSourceCheckAgreesWithTheCloneAndNamesTheField) {
+  SourceRepo src;
+  TempWorkspace parent;
+  const std::string path = src.dir.path().string();
+  int n = 0;
+  for (const std::string& ref : {std::string(), std::string("main"), std::string("v1"), src.first,
+                                 std::string("origin/main"), std::string("main~1"), std::string("nope"),
+                                 std::string("v2"), std::string(40, 'f')}) {
+    const SourceCheck check = check_local_source(path, ref);
+    auto cloned = git_clone_workspace(path, ref, parent.path() / ("ws" + std::to_string(n)), std::to_string(100 + n));
+    ++n;
+    EXPECT_EQ(check.ok(), cloned.ok()) << "ref '" << ref << "': check says '" << check.error << "', clone says '"
+                                       << cloned.error << "'";
+    if (!check.ok()) {
+      EXPECT_EQ(check.field, "ref") << check.error;
+    }
+  }
+  EXPECT_TRUE(check_local_source("file://" + path, "main").ok());
+  EXPECT_TRUE(check_local_source("https://example.invalid/repo.git", "nope").ok());  // not contacted
+  EXPECT_TRUE(check_local_source("git@example.invalid:org/repo.git", "").ok());
+
+  auto expect_repo_error = [](const std::string& source, const std::string& words) {
+    const SourceCheck check = check_local_source(source, "");
+    EXPECT_EQ(check.field, "repo") << source;
+    EXPECT_NE(check.error.find(words), std::string::npos) << check.error;
+  };
+  expect_repo_error((parent.path() / "missing").string(), "does not exist");
+  std::filesystem::create_directories(parent.path() / "plain");
+  expect_repo_error((parent.path() / "plain").string(), "not a git repository");
+  shell("git init -q " + (parent.path() / "empty").string());
+  expect_repo_error((parent.path() / "empty").string(), "empty");
+  shell("git clone -q --depth 1 file://" + path + " " + (parent.path() / "shallow").string());
+  expect_repo_error((parent.path() / "shallow").string(), "shallow");
+}
+
 TEST(Git, AShallowSourceIsRefusedWithTheReason) {
   SourceRepo src;
   TempWorkspace parent;
