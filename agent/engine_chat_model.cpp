@@ -205,9 +205,11 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   }
   // The engine took this idle session's KV for another build and re-prefilled it now: those
   // tokens were computed again, not reused.
+  // (Preempted part way through the append, the chunks already run count again too: prefilled
+  // is what was computed, so then prefilled + reused exceeds the prompt.)
   const int64_t rebuilt = session_->rebuilt_tokens() - rebuilt_before;
   out.usage.prefilled_tokens += rebuilt;
-  out.usage.reused_tokens -= rebuilt;
+  out.usage.reused_tokens = std::max<int64_t>(0, out.usage.reused_tokens - rebuilt);
   out.usage.prefill_s = seconds_since(t0) - out.usage.wait_s;
 
   // Decode, parsing as the text streams out.
@@ -226,6 +228,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   if (g.sampling.vocab_limit == 0) g.sampling.vocab_limit = static_cast<int64_t>(tokenizer_.vocab_size());
   g.max_tokens = request.max_new_tokens;
   g.stop = {im_end_, endoftext_};
+  g.cancel = &cancel;  // while it waits for memory, when no token (and no callback) comes
   auto t1 = Clock::now();
   auto generated = request.max_new_tokens > 0
                        ? session_->generate(g, [&](int32_t tok) {
@@ -240,7 +243,11 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
                          })
                        : engine::Result<engine::GenerateResult>(engine::GenerateResult{});
   out.usage.decode_s = seconds_since(t1);
-  if (!generated) return fail("generate: " + generated.error());
+  if (!generated) {
+    ModelTurn failed = fail("generate: " + generated.error());
+    if (cancel.load()) failed.end = TurnEnd::cancelled;
+    return failed;
+  }
   // Preempted while generating (a higher-ranked build took its KV): its history was run again.
   if (const int64_t again = session_->rebuilt_tokens() - rebuilt_before - rebuilt; again > 0) {
     out.usage.prefilled_tokens += again;

@@ -266,7 +266,8 @@ Status Session::rewind(const SessionCheckpoint& cp) {
     same_shape = cp.gdn[l].conv.size() == seq_.state.gdn[l].conv.size() &&
                  cp.gdn[l].recurrent.size() == seq_.state.gdn[l].recurrent.size();
   if (!same_shape) return make_error("rewind: the checkpoint belongs to another model");
-  if (reclaimed_ || seq_.state.n_past < size()) {  // only the checkpoint's tokens need their KV again
+  // Only the checkpoint's tokens need their KV again (a restore cut short may already hold them).
+  if (reclaimed_ || seq_.state.n_past < int64_t(cp.tokens.size())) {
     tokens.resize(cp.tokens.size());
     restart_history();
     auto restored = model_.scheduler_->append(seq_, {}, false, nullptr);

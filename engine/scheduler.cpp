@@ -102,6 +102,7 @@ Result<bool> Scheduler::append(Sequence& seq, std::span<const int32_t> tokens, b
   std::unique_lock<std::mutex> lock(mu_);
   r.arrival = arrivals_++;
   queue_.push_back(&r);
+  ++kv_epoch_;  // a newcomer can be preempted by a waiting higher-ranked request: it retries
   work_.notify_one();
   r.cancel = cancel;
   r.done_cv.wait(lock, [&] { return r.done; });
@@ -115,6 +116,14 @@ void Scheduler::kv_released() {
     ++kv_epoch_;
   }
   work_.notify_one();
+}
+
+// Waiting for memory (stalled, or preempted and not restored yet) with its cancel flag set: the
+// cancel a generating session's callback would see, but no token comes while it waits.
+bool Scheduler::cancelled_while_waiting(const Request& r) const {
+  if (r.in_step || r.done || !(r.kv_stalled || history_gap(*r.seq) > 0)) return false;
+  const std::atomic<bool>* cancel = r.is_generate ? r.options->cancel : r.cancel;
+  return cancel != nullptr && cancel->load() && (!r.is_generate || r.error.empty());
 }
 
 bool Scheduler::wants_step(const Request& r) const {
@@ -137,6 +146,7 @@ void Scheduler::preempt(Request& victim) {
   st.n_past = 0;
   victim.preempted_in_plan = plan_number_;
   ++preemptions_;
+  ++kv_epoch_;  // pages came free: requests that wait for memory try again
 }
 
 bool Scheduler::secure_kv(const Planned& p) {
@@ -159,9 +169,11 @@ bool Scheduler::secure_kv(const Planned& p) {
   if (kv.reserve(need)) return true;
   auto pages_of = [](const Sequence& s) { return s.state.kv->capacity_tokens() / s.state.kv->page_tokens(); };
   // 1. Speculative pages of generating sessions (reserved for max_tokens, not yet needed).
+  const int64_t in_use = pool.pages_in_use();
   for (Request* o : queue_)
     if (o != &r && o->is_generate && !o->done && o->seq->state.kv->capacity_tokens() > 0)
       o->seq->state.kv->truncate(std::max<int64_t>(int64_t(o->seq->tokens.size()) + 1, o->seq->state.n_past + 1));
+  if (pool.pages_in_use() < in_use) ++kv_epoch_;
   if (kv.reserve(need)) return true;
   // 2. Idle sessions, then 3. lower-ranked calls, lowest first; nothing is taken unless it is enough.
   std::vector<Request*> victims;
@@ -208,6 +220,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
   std::unique_lock<std::mutex> lock(mu_);
   r.arrival = arrivals_++;
   queue_.push_back(&r);
+  ++kv_epoch_;  // a newcomer can be preempted by a waiting higher-ranked request: it retries
   work_.notify_one();
   size_t called = 0;
   for (;;) {
@@ -255,6 +268,15 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   plan.clear(), prefill.clear();
   ++plan_number_;
   for (Request* r : queue_) {
+    if (cancelled_while_waiting(*r)) {
+      if (r->is_generate) {
+        fail(*r, "generate: cancelled while waiting for KV memory");
+      } else {
+        r->cancelled = r->done = true;
+        r->done_cv.notify_one();
+      }
+      continue;
+    }
     if (!wants_step(*r)) continue;
     r->kv_stalled = false;
     const int64_t gap = history_gap(*r->seq);
@@ -315,9 +337,16 @@ void Scheduler::run() {
   auto last_end = std::chrono::steady_clock::now();
   for (;;) {
     auto has_work = [&] {
-      return stop_ || std::any_of(queue_.begin(), queue_.end(), [&](const Request* r) { return wants_step(*r); });
+      return stop_ || std::any_of(queue_.begin(), queue_.end(), [&](const Request* r) {
+               return wants_step(*r) || cancelled_while_waiting(*r);
+             });
     };
-    work_.wait(lock, has_work);
+    // Nothing signals a cancel flag: while requests wait for memory, look at their flags often.
+    if (std::any_of(queue_.begin(), queue_.end(), [](const Request* r) { return r->kv_stalled; }))
+      work_.wait_for(lock, std::chrono::milliseconds(50), has_work);
+    else
+      work_.wait(lock, has_work);
+    if (!has_work()) continue;
     if (stop_) break;
     // Let generating sessions whose callback is still running catch this step (briefly).
     auto lagging = [&] {  // a sampled token waits on the callback of the one before it

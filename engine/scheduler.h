@@ -56,6 +56,9 @@ struct GenerateOptions {
   SamplingParams sampling;
   int64_t max_tokens = 256;
   std::vector<int32_t> stop;  // generation ends after emitting one of these
+  // Ends the call with an error while it waits for KV memory (when no token, and so no
+  // on_token callback, comes); while tokens come, the callback returning false is the way.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct GenerateResult {
@@ -143,6 +146,7 @@ class Scheduler {
   void finish_step(const std::vector<Planned>& plan);
   bool decode_ready(const Request& r) const;
   bool wants_step(const Request& r) const;
+  bool cancelled_while_waiting(const Request& r) const;
   // Reserves the KV that p's step needs, taking pages as described at the top; false when p must
   // wait (or was refused: it is then finished with the error).
   bool secure_kv(const Planned& p);

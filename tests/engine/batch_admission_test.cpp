@@ -288,6 +288,86 @@ TEST(Memory, AHigherPriorityNewcomerPreemptsALowerPriorityRunner) {
   EXPECT_LE(testing::rel_l2(newcomer_logits, *want), 1e-5);
 }
 
+// A request waiting for memory is retried when another request is queued: here the only pages it
+// could take belong to a lower-ranked session that was inside a call but not yet queued when the
+// request stalled (the moment between a session call starting and its request reaching the
+// scheduler). Once that request is queued the waiting one preempts it instead of both waiting.
+// Driven on a Scheduler of its own, so the test decides when sessions are idle.
+TEST(Memory, AWaitingRequestRetriesWhenALowerRankedOneIsQueued) {
+  const std::string dir = make_model(TinyModelOptions{});
+  auto m = model_with_pages(dir, 4);
+  const int64_t V = m->config().vocab_size;
+  Scheduler scheduler(m->network(), m->config(), 512);
+  auto make_sequence = [&](uint64_t order) {
+    auto s = std::make_unique<Sequence>();
+    s->order = order;
+    s->state.kv = std::make_unique<SequenceKv>(m->kv_pool());
+    m->network().init_state(s->state);
+    return s;
+  };
+  auto older = make_sequence(0), newer = make_sequence(1);
+  std::vector<float> logits(static_cast<size_t>(V));
+  ASSERT_TRUE(scheduler.append(*older, random_tokens(32, V, 71), false, logits.data()).ok());  // 2 pages
+  ASSERT_TRUE(scheduler.append(*newer, random_tokens(32, V, 72), false, logits.data()).ok());  // 2: full
+  const auto more_older = random_tokens(16, V, 73), more_newer = random_tokens(16, V, 74);
+  std::vector<float> older_logits(static_cast<size_t>(V)), newer_logits(static_cast<size_t>(V));
+  std::atomic<bool> older_done{false};
+  std::thread t_older([&] {
+    EXPECT_TRUE(scheduler.append(*older, more_older, false, older_logits.data()).ok());
+    older_done = true;
+  });
+  wait_for([&] { return scheduler.kv_waits() == 1; });  // nothing to take: it waits
+  std::thread t_newer([&] { EXPECT_TRUE(scheduler.append(*newer, more_newer, false, newer_logits.data()).ok()); });
+  for (int i = 0; i < 1000 && !older_done; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(older_done) << "the waiting request was not retried when the newer one was queued";
+  if (!older_done) scheduler.kv_released();  // unstick it, so that the test ends
+  t_older.join();
+  EXPECT_EQ(scheduler.preemptions(), 1);
+  older->state.kv->truncate(0);  // the older session's call ended and its pages were taken
+  scheduler.kv_released();
+  t_newer.join();
+  EXPECT_EQ(newer->rebuilt_tokens, 32);
+  EXPECT_EQ(newer->tokens.size(), 48u);
+  // Its logits are those of one uninterrupted run.
+  auto roomy = Model::load(dir, EngineOptions{});
+  auto ref = (*roomy)->open_session();
+  ASSERT_TRUE((*ref)->append(random_tokens(32, V, 72)).ok());
+  auto want = (*ref)->append(more_newer);
+  EXPECT_LE(testing::rel_l2(newer_logits, *want), 1e-5);
+}
+
+// A session waiting for memory is not stuck there: its cancel flag ends the call promptly, as
+// an append's (and, for generate, GenerateOptions::cancel) does while tokens are flowing.
+TEST(Memory, AWaitingAppendEndsPromptlyWhenCancelled) {
+  const std::string dir = make_model(TinyModelOptions{});
+  auto m = model_with_pages(dir, 8);
+  const int64_t V = m->config().vocab_size;
+  auto a = m->open_session(), b = m->open_session();
+  ASSERT_TRUE((*a)->append(random_tokens(90, V, 51)).ok());  // 6 pages
+  ASSERT_TRUE((*b)->append(random_tokens(16, V, 52)).ok());  // 1 page
+  GenerateOptions g;
+  g.max_tokens = 20;  // a reserves 7 pages: b's next turn has to wait
+  std::atomic<bool> cancel{false}, b_done{false};
+  Result<std::vector<float>> appended = make_error("not run");
+  std::thread tb;
+  auto ra = (*a)->generate(g, [&](int32_t) {
+    if (tb.joinable()) return true;
+    tb = std::thread([&] {
+      appended = (*b)->append(random_tokens(40, V, 53), false, &cancel);
+      b_done = true;
+    });
+    wait_for([&] { return m->kv_waits() == 1; });
+    cancel = true;
+    wait_for([&] { return b_done.load(); });  // while a's call still holds the pages
+    return true;
+  });
+  tb.join();
+  ASSERT_TRUE(ra.ok()) << ra.error();
+  ASSERT_FALSE(appended.ok());
+  EXPECT_NE(appended.error().find("cancelled"), std::string::npos) << appended.error();
+  EXPECT_EQ((*b)->size(), 16);
+}
+
 TEST(Scheduler, PrefillIsServedByPriority) {
   EngineOptions o;
   o.prefill_chunk = 32;
