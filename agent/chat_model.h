@@ -67,6 +67,9 @@ struct TurnUsage {
   int64_t generated_tokens = 0;  // sampled tokens, reasoning included
   int64_t reasoning_tokens = 0;  // of generated_tokens, those inside <think>
   int64_t context_tokens = 0;    // tokens held by the session after the turn
+  // Of prefilled_tokens, history computed again because the engine had given this session's KV
+  // memory to another build (an idle reclaim or a preemption).
+  int64_t rebuilt_tokens = 0;
   double prefill_s = 0;
   double decode_s = 0;
   // Waiting for engine memory (a new session's first prompt, while running builds held the KV

@@ -209,6 +209,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   // is what was computed, so then prefilled + reused exceeds the prompt.)
   const int64_t rebuilt = session_->rebuilt_tokens() - rebuilt_before;
   out.usage.prefilled_tokens += rebuilt;
+  out.usage.rebuilt_tokens += rebuilt;
   out.usage.reused_tokens = std::max<int64_t>(0, out.usage.reused_tokens - rebuilt);
   out.usage.prefill_s = seconds_since(t0) - out.usage.wait_s;
 
@@ -251,6 +252,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   // Preempted while generating (a higher-ranked build took its KV): its history was run again.
   if (const int64_t again = session_->rebuilt_tokens() - rebuilt_before - rebuilt; again > 0) {
     out.usage.prefilled_tokens += again;
+    out.usage.rebuilt_tokens += again;
     out.usage.reused_tokens = std::max<int64_t>(0, out.usage.reused_tokens - again);
   }
   forward(parser.feed(decoder.flush()));

@@ -141,10 +141,14 @@ class Agent {
       turn.message.tool_calls[i].id = "call_" + std::to_string(counters_.steps) + "_" + std::to_string(i);
     transcript_.append(turn.message);
     const auto& u = turn.usage;
-    emit("metric", {{"step", counters_.steps}, {"tokens_prefilled", u.prefilled_tokens},
-                    {"tokens_reused", u.reused_tokens}, {"tokens_generated", u.generated_tokens},
-                    {"tokens_reasoning", u.reasoning_tokens}, {"context_tokens", u.context_tokens},
-                    {"prefill_s", u.prefill_s}, {"decode_s", u.decode_s}, {"wait_s", u.wait_s}});
+    Json metric = {{"step", counters_.steps}, {"tokens_prefilled", u.prefilled_tokens},
+                   {"tokens_reused", u.reused_tokens}, {"tokens_generated", u.generated_tokens},
+                   {"tokens_reasoning", u.reasoning_tokens}, {"context_tokens", u.context_tokens},
+                   {"prefill_s", u.prefill_s}, {"decode_s", u.decode_s}};
+    // Only when they happened: waiting for engine memory, history the engine had to compute again.
+    if (u.wait_s > 0) metric["wait_s"] = u.wait_s;
+    if (u.rebuilt_tokens > 0) metric["tokens_rebuilt"] = u.rebuilt_tokens;
+    emit("metric", metric);
     switch (turn.end) {
       case TurnEnd::stop: return std::nullopt;
       case TurnEnd::cancelled: return stop_.requested() ? stop_from_signal() : Stop{StopReason::model_error, "the model stopped the turn"};

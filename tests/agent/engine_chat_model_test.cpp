@@ -301,6 +301,45 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
   EXPECT_EQ(m.kv_reclaims(), 1);
 }
 
+// Two builds share a pool that holds about one of them: each turn takes the other (idle) build's
+// pages, and the turn that had to compute its history again says so in rebuilt_tokens.
+TEST(EngineChatModel, a_turn_reports_history_recomputed_after_its_memory_was_taken) {
+  TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  const std::vector<Message> conv{make_message(Role::system, "You are kiln."), make_message(Role::user, "Fix it.")};
+  auto probe = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
+  ASSERT_TRUE(probe.ok());
+  auto prompt = (*probe)->prompt_tokens(conv, tools());
+  ASSERT_TRUE(prompt.ok()) << prompt.error();
+  probe.value().reset();
+  const engine::CapacityPlan& plan = tiny.model->plan();
+  const int64_t pages = (*prompt + 15) / 16 + 2;
+  engine::EngineOptions o;
+  o.max_sessions = 2;
+  o.kv_budget_bytes = 2 * plan.state_bytes_per_session + pages * plan.page_bytes;
+  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
+  ASSERT_TRUE(loaded.ok()) << loaded.error();
+  auto a = EngineChatModel::open(**loaded, *tiny.tokenizer, "tiny", {});
+  auto b = EngineChatModel::open(**loaded, *tiny.tokenizer, "tiny", {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> cancel{false};
+  auto a1 = (*a)->next_turn({conv, tools(), 4}, nullptr, cancel);
+  ASSERT_NE(a1.end, TurnEnd::error) << a1.error;
+  EXPECT_EQ(a1.usage.rebuilt_tokens, 0);
+  const int64_t a_history = (*a)->session().size();
+  auto b1 = (*b)->next_turn({conv, tools(), 4}, nullptr, cancel);  // takes a's pages
+  ASSERT_NE(b1.end, TurnEnd::error) << b1.error;
+  EXPECT_EQ(b1.usage.rebuilt_tokens, 0);
+  std::vector<Message> next = conv;
+  next.push_back(a1.message);
+  next.push_back(make_message(Role::user, "Go on."));
+  auto a2 = (*a)->next_turn({next, tools(), 4}, nullptr, cancel);
+  ASSERT_NE(a2.end, TurnEnd::error) << a2.error;
+  EXPECT_EQ(a2.usage.rebuilt_tokens, a_history);
+  EXPECT_GE(a2.usage.prefilled_tokens, a_history);
+  EXPECT_EQ((*loaded)->kv_reclaims(), 2);
+}
+
 // With a store, a build waiting for a slot emits status events with its place in line.
 TEST(EngineProvider, waiting_build_emits_its_position) {
   TinyEngine tiny;  // max_sessions = 2
