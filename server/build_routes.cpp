@@ -2,6 +2,8 @@
 // field at fault in the API's own vocabulary (limits.steps, not the store's limits.max_steps).
 #include <algorithm>
 #include <charconv>
+#include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -453,6 +455,23 @@ HttpResponse render_metrics(App& app) {
     out += "# HELP kiln_sse_dropped_total Event-stream clients dropped for being too slow.\n";
     out += "# TYPE kiln_sse_dropped_total counter\n";
     out += "kiln_sse_dropped_total " + std::to_string(app.hub->dropped_count()) + "\n";
+  }
+  if (app.models != nullptr) {
+    // KV memory of each loaded model: a pool that is always full, or preemptions that keep
+    // rising, mean builds recompute their history: raise kv_budget or lower max_sessions.
+    const std::map<std::string, json> kv = app.models->kv_stats();
+    const std::tuple<const char*, const char*, const char*, const char*> families[] = {
+        {"kiln_kv_pages", "pages", "gauge", "KV cache pages the model's pool may hold."},
+        {"kiln_kv_pages_in_use", "pages_in_use", "gauge", "KV cache pages held by sessions."},
+        {"kiln_kv_reclaims_total", "reclaims", "counter", "Idle sessions whose KV pages were taken for another."},
+        {"kiln_kv_preemptions_total", "preemptions", "counter",
+         "Sessions inside a call whose KV pages were taken for a higher-ranked one (their history is recomputed)."},
+        {"kiln_kv_waits_total", "waits", "counter", "Engine calls that waited for KV memory."}};
+    for (const auto& [family, key, type, help] : families) {
+      out += std::string("# HELP ") + family + " " + help + "\n# TYPE " + family + " " + type + "\n";
+      for (const auto& [model, stats] : kv)
+        out += std::string(family) + "{model=\"" + prometheus_label(model) + "\"} " + stats.value(key, json(0)).dump() + "\n";
+    }
   }
   app.http_metrics->render(out);
   return res;

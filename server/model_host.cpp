@@ -135,7 +135,10 @@ ModelHost::ModelHost(std::vector<ModelConfig> models, uint64_t memory_budget_byt
   }
 }
 
-ModelHost::~ModelHost() = default;
+ModelHost::~ModelHost() {
+  if (registry_ == nullptr) return;
+  for (const auto& [name, slot] : slots_) registry_->set_kv_reader(name, {});  // before the models go
+}
 
 bool ModelHost::hosts(const std::string& name) const { return slots_.count(name) > 0; }
 
@@ -153,6 +156,19 @@ void ModelHost::publish_locked(const Slot& s) {
             {"full_length_sessions", p.full_length_sessions}};
   }
   registry_->set_engine_state(s.config.name, s.loaded != nullptr, std::move(plan));
+  std::function<nlohmann::json()> kv;
+  if (s.loaded) {
+    kv = [model = s.loaded->model.get()] {
+      const engine::KvPool& pool = model->kv_pool();
+      return nlohmann::json{{"pages", pool.max_pages()},
+                            {"pages_in_use", pool.pages_in_use()},
+                            {"page_tokens", pool.layout().page_tokens},
+                            {"reclaims", model->kv_reclaims()},
+                            {"preemptions", model->kv_preemptions()},
+                            {"waits", model->kv_waits()}};
+    };
+  }
+  registry_->set_kv_reader(s.config.name, std::move(kv));
   registry_->set_host_state(s.config.name, {{"state", s.loaded ? "loaded" : s.loading ? "loading" : "unloaded"},
                                             {"in_use", s.in_use},
                                             {"estimated_bytes", s.estimated_bytes},

@@ -43,6 +43,19 @@ void ModelRegistry::set_engine_state(const std::string& name, bool loaded, json 
   e.plan = std::move(plan);
 }
 
+void ModelRegistry::set_kv_reader(const std::string& name, std::function<json()> reader) {
+  std::lock_guard lock(mu_);
+  engine_[name].kv = std::move(reader);
+}
+
+std::map<std::string, json> ModelRegistry::kv_stats() const {
+  std::lock_guard lock(mu_);  // held while reading: the host clears a reader under it before freeing
+  std::map<std::string, json> out;
+  for (const auto& [name, e] : engine_)
+    if (e.kv) out[name] = e.kv();
+  return out;
+}
+
 void ModelRegistry::set_host_state(const std::string& name, json state) {
   std::lock_guard lock(mu_);
   engine_[name].host = std::move(state);
@@ -94,6 +107,7 @@ json ModelRegistry::describe(store::Store* store) const {
     entry["loaded"] = it != engine_.end() && it->second.loaded;
     entry["capacity_plan"] = it != engine_.end() ? it->second.plan : json(nullptr);
     entry["residency"] = it != engine_.end() ? it->second.host : json(nullptr);
+    entry["kv"] = it != engine_.end() && it->second.kv ? it->second.kv() : json(nullptr);
     entry["idle_unload_seconds"] = m.idle_unload_seconds;
     entry["stats"] = {{"sessions_in_use", running[m.name]}, {"max_sessions", m.max_sessions},
                       {"decode_tokens_per_s", decode_tps.count(m.name) ? json(decode_tps[m.name]) : json(nullptr)}};

@@ -4,6 +4,7 @@
 // Thread-safe: describe() may run on any io thread; load state is guarded by mu_.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,11 @@ class ModelRegistry {
   // The model host's view (state loaded/loading/unloaded, in_use, estimated_bytes, loads, ...),
   // shown as "residency" in /v1/models.
   void set_host_state(const std::string& name, nlohmann::json state);
+  // While a model is loaded: reads its engine's KV memory counters now (pages, pages_in_use,
+  // page_tokens, reclaims, preemptions, waits). Cleared (empty function) before the model is freed.
+  void set_kv_reader(const std::string& name, std::function<nlohmann::json()> reader);
+  // Each loaded model's KV counters (see set_kv_reader), by name.
+  std::map<std::string, nlohmann::json> kv_stats() const;
   // The /v1/models document. `store` may be null (no live stats then).
   nlohmann::json describe(store::Store* store) const;
 
@@ -42,6 +48,7 @@ class ModelRegistry {
     bool loaded = false;
     nlohmann::json plan;  // null until the engine planned it
     nlohmann::json host;  // null for models the host does not manage
+    std::function<nlohmann::json()> kv;  // set while loaded
   };
   std::vector<ModelConfig> models_;
   mutable std::mutex mu_;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -74,6 +75,22 @@ TEST(ModelHost, LoadsOnFirstUseAndEvictsTheLeastRecentlyUsedIdleModelWhenMemoryI
     EXPECT_TRUE(model_entry(doc, "tiny-a")["loaded"].get<bool>());
     EXPECT_EQ(model_entry(doc, "tiny-a")["residency"]["in_use"], 1);
     EXPECT_TRUE(model_entry(doc, "tiny-a")["capacity_plan"].is_object());
+    // The engine's KV counters, read live while the model is loaded.
+    std::atomic<bool> cancel{false};
+    auto turn = chat.value()->next_turn({{agent::make_message(agent::Role::system, "You fix code."),
+                                          agent::make_message(agent::Role::user, "hello")},
+                                         {},
+                                         2},
+                                        nullptr, cancel);
+    ASSERT_NE(turn.end, agent::TurnEnd::error) << turn.error;
+    const json kv = model_entry(registry.describe(nullptr), "tiny-a")["kv"];
+    ASSERT_TRUE(kv.is_object()) << kv;
+    EXPECT_GT(kv["pages"].get<int64_t>(), 0);
+    const int64_t page_tokens = kv["page_tokens"].get<int64_t>();
+    EXPECT_EQ(kv["pages_in_use"].get<int64_t>(), (turn.usage.context_tokens + page_tokens - 1) / page_tokens);
+    EXPECT_EQ(kv["preemptions"], 0);
+    EXPECT_EQ(registry.kv_stats().count("tiny-a"), 1u);
+    EXPECT_TRUE(model_entry(doc, "tiny-b")["kv"].is_null());  // not loaded
   }
   EXPECT_EQ(host.state("tiny-a").in_use, 0);
   EXPECT_TRUE(host.state("tiny-a").loaded);  // idle, but memory is not short yet
@@ -83,6 +100,8 @@ TEST(ModelHost, LoadsOnFirstUseAndEvictsTheLeastRecentlyUsedIdleModelWhenMemoryI
     ASSERT_TRUE(chat_b.ok()) << chat_b.error();
     EXPECT_FALSE(host.state("tiny-a").loaded);
     EXPECT_EQ(host.state("tiny-a").unloads, 1);
+    EXPECT_EQ(registry.kv_stats().count("tiny-a"), 0u);  // its reader went before the model did
+    EXPECT_TRUE(model_entry(registry.describe(nullptr), "tiny-a")["kv"].is_null());
     EXPECT_TRUE(host.state("tiny-b").loaded);
     EXPECT_LE(host.loaded_bytes(), budget);
     // B is in use, so A cannot come back: the build gets an error naming the budget.

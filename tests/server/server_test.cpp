@@ -249,6 +249,9 @@ TEST(Server, MetricsHaveEveryFamilyAndCountABuildAndASandboxTimeout) {
   EXPECT_EQ(types["kiln_decode_tokens_per_second"], "gauge");
   EXPECT_EQ(types["kiln_http_requests_total"], "counter");
   EXPECT_EQ(types["kiln_sandbox_failures_total"], "counter");
+  EXPECT_EQ(types["kiln_kv_pages"], "gauge");  // samples per loaded engine model (model_host_test)
+  EXPECT_EQ(types["kiln_kv_pages_in_use"], "gauge");
+  EXPECT_EQ(types["kiln_kv_preemptions_total"], "counter");
   for (const char* status : {"queued", "running", "succeeded", "failed", "cancelled", "error"}) {
     EXPECT_TRUE(m.count("kiln_builds{status=\"" + std::string(status) + "\"}")) << status;
   }
