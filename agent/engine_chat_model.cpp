@@ -74,17 +74,22 @@ EngineChatModel::EngineChatModel(engine::Model& model, const engine::Tokenizer& 
 }
 
 engine::Result<std::vector<float>> EngineChatModel::first_append(std::span<const engine::TokenId> tokens,
-                                                                 const std::atomic<bool>& cancel, double& wait_s) {
+                                                                 const std::atomic<bool>& cancel, double& wait_s,
+                                                                 const DeltaSink& on_delta) {
   std::optional<Clock::time_point> waiting_since;
   for (;;) {
     auto appended = session_->append(tokens, false, &cancel);
     if (appended || !session_->refused_for_memory() || cancel.load()) {
-      if (waiting_since) wait_s += seconds_since(*waiting_since);
+      if (waiting_since) {
+        wait_s += seconds_since(*waiting_since);
+        if (on_delta) on_delta({TurnDelta::Kind::memory_granted, {}});
+      }
       return appended;
     }
     if (!waiting_since) {
       waiting_since = Clock::now();
       if (options_.on_memory_wait) options_.on_memory_wait(appended.error());
+      if (on_delta) on_delta({TurnDelta::Kind::waiting_for_memory, {}});
     }
     // Pages come back when another build's call ends; a tenth of a second is a small delay
     // against minutes of building, and a refused try costs the engine almost nothing.
@@ -195,7 +200,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   out.usage.reused_tokens = session_->size();
   out.usage.prefilled_tokens = static_cast<int64_t>(p->tokens.size());
   if (first) {
-    auto a = first_append(std::span(p->tokens).first(p->base_tokens), cancel, out.usage.wait_s);
+    auto a = first_append(std::span(p->tokens).first(p->base_tokens), cancel, out.usage.wait_s, on_delta);
     if (!a) return prefill_failed(a.error());
     base_ = session_->checkpoint();
     auto b = session_->append(std::span(p->tokens).subspan(p->base_tokens), false, &cancel);

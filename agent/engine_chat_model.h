@@ -72,7 +72,8 @@ class EngineChatModel final : public ChatModel {
   // The session's first append: while the engine refuses it for memory (running builds hold the
   // KV pages), waits and tries again as they give pages back, until cancel; adds the wait to wait_s.
   engine::Result<std::vector<float>> first_append(std::span<const engine::TokenId> tokens,
-                                                  const std::atomic<bool>& cancel, double& wait_s);
+                                                  const std::atomic<bool>& cancel, double& wait_s,
+                                                  const DeltaSink& on_delta);
   // Tokens of bytes [from, to) of a render: the messages' own text is never an added token.
   void encode_slice(const engine::RenderResult& r, size_t from, size_t to, std::vector<engine::TokenId>& out) const;
 

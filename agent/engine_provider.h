@@ -7,7 +7,8 @@
 // line changes, and leaves the line when the build is cancelled or its lease is lost. When the
 // engine refuses the build's first prompt for memory (running builds hold the KV pages), the
 // build waits for them with one {"phase": "waiting_for_memory", "model", "message"} event; that
-// wait counts as seconds_model_wait, not as the build's own time.
+// wait counts as seconds_model_wait, not as the build's own time (the loop's wall-time limit
+// pauses over it too).
 // An unknown name is a model_error for that build, with a message naming the model. The
 // entries' models and tokenizers (and the store) must outlive the provider and every build it
 // served (the server owns them).

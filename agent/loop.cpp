@@ -25,13 +25,24 @@ struct Stop {
 using MaybeStop = std::optional<Stop>;
 
 // Sets the stop signal with time_limit when the deadline passes, so a long generation or tool
-// call is interrupted at the deadline rather than after it. Owns its thread (RAII).
+// call is interrupted at the deadline rather than after it. Owns its thread (RAII). Paused while
+// the build waits for engine memory (not its own time): resume() moves the deadline by the pause.
 class Watchdog {
  public:
   Watchdog(StopSignal& stop, Deadline deadline)
-      : thread_([this, &stop, deadline] {
+      : deadline_(deadline), thread_([this, &stop] {
           std::unique_lock lock(mutex_);
-          if (!cv_.wait_until(lock, deadline.at, [this] { return done_; })) stop.request(StopCause::time_limit);
+          for (;;) {
+            if (done_) return;
+            if (paused_since_) {
+              cv_.wait(lock);
+            } else if (cv_.wait_until(lock, deadline_.at, [this] { return done_ || paused_since_.has_value(); })) {
+              continue;
+            } else if (Clock::now() >= deadline_.at) {
+              stop.request(StopCause::time_limit);
+              return;
+            }
+          }
         }) {}
   ~Watchdog() {
     {
@@ -41,12 +52,30 @@ class Watchdog {
     cv_.notify_all();
     thread_.join();
   }
+  void pause() {
+    std::lock_guard lock(mutex_);
+    if (!paused_since_) paused_since_ = Clock::now();
+    cv_.notify_all();
+  }
+  // Ends a pause; the deadline, later by its length.
+  Deadline resume() {
+    std::lock_guard lock(mutex_);
+    if (paused_since_) {
+      deadline_.at += Clock::now() - *paused_since_;
+      paused_since_.reset();
+    }
+    cv_.notify_all();
+    return deadline_;
+  }
 
  private:
+  using Clock = std::chrono::steady_clock;
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;  // guarded by mutex_
-  std::thread thread_;
+  bool done_ = false;                            // guarded by mutex_
+  Deadline deadline_;                            // guarded by mutex_
+  std::optional<Clock::time_point> paused_since_;  // guarded by mutex_
+  std::thread thread_;                           // last: starts after the above exist
 };
 
 class Agent {
@@ -61,6 +90,7 @@ class Agent {
     transcript_.append(make_message(Role::user, task_message(task_)));
     emit("status", {{"phase", "agent"}, {"model", model_.name()}, {"context_limit", model_.context_limit()}});
     Watchdog watchdog(stop_, deadline_);
+    watchdog_ = &watchdog;
     MaybeStop stop;
     while (!stop) {
       stop = check_stop();                   // cancel, lost lease, steps, tokens, wall time
@@ -128,6 +158,12 @@ class Agent {
     TextBatcher batcher(events_);
     auto on_delta = [&](const TurnDelta& d) {
       if (d.kind == TurnDelta::Kind::tool_call) return;  // the whole call is emitted when it runs
+      // Waiting for engine memory is not the build's time: the wall-time limit stops meanwhile.
+      if (d.kind == TurnDelta::Kind::waiting_for_memory) return watchdog_->pause();
+      if (d.kind == TurnDelta::Kind::memory_granted) {
+        deadline_ = watchdog_->resume();
+        return;
+      }
       batcher.add(d.kind == TurnDelta::Kind::reasoning ? "reasoning" : "model_text", d.text);
     };
     ModelTurn turn = model_.next_turn({transcript_.messages(), schemas_, max_new}, on_delta, stop_.flag());
@@ -241,7 +277,8 @@ class Agent {
   EventSink& events_;
   StopSignal& stop_;
   const std::vector<ToolSchema> schemas_;
-  const Deadline deadline_;
+  Deadline deadline_;            // moved later by waits for engine memory
+  Watchdog* watchdog_ = nullptr;  // run()'s, while it runs
   Transcript transcript_;
   Counters counters_;
   int64_t prompt_tokens_ = 0;  // context length the next turn starts from (from make_room)

@@ -280,12 +280,21 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
   auto opened = EngineChatModel::open(m, *tiny.tokenizer, "tiny", options);
   ASSERT_TRUE(opened.ok()) << opened.error();
   ModelTurn turn;
+  std::vector<TurnDelta::Kind> signals;  // for the loop's wall-time limit, which pauses over the wait
   std::atomic<bool> cancel{false};
   std::thread build;
   engine::GenerateOptions g;
   g.max_tokens = 8;
   auto r = (*runner)->generate(g, [&](int32_t) {  // the running build is inside a call
-    build = std::thread([&] { turn = (*opened)->next_turn({conv, tools(), 4}, nullptr, cancel); });
+    build = std::thread([&] {
+      turn = (*opened)->next_turn({conv, tools(), 4},
+                                  [&](const TurnDelta& d) {
+                                    if (d.kind == TurnDelta::Kind::waiting_for_memory ||
+                                        d.kind == TurnDelta::Kind::memory_granted)
+                                      signals.push_back(d.kind);
+                                  },
+                                  cancel);
+    });
     for (int i = 0; i < 2000 && memory_waits == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the new build keeps waiting
     return false;
@@ -294,6 +303,7 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
   build.join();  // the runner's call ended: its pages can be taken
   ASSERT_NE(turn.end, TurnEnd::error) << turn.error;
   EXPECT_EQ(memory_waits, 1);
+  EXPECT_EQ(signals, (std::vector<TurnDelta::Kind>{TurnDelta::Kind::waiting_for_memory, TurnDelta::Kind::memory_granted}));
   EXPECT_NE(wait_message.find("context memory exhausted"), std::string::npos) << wait_message;
   EXPECT_GE(turn.usage.wait_s, 0.1);
   EXPECT_LT(turn.usage.prefill_s, turn.usage.wait_s);

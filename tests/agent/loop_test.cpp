@@ -107,6 +107,56 @@ TEST(AgentLoop, wall_time_limit_interrupts_a_running_command) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 }
 
+// The scripted test model, made to wait before its first turn as EngineChatModel waits for engine
+// memory: with `signal`, it reports the wait (waiting_for_memory ... memory_granted).
+class ScriptedModelAfterAMemoryWait final : public ChatModel {
+ public:
+  ScriptedModelAfterAMemoryWait(ScriptedChatModel& scripted, std::chrono::milliseconds wait, bool signal)
+      : scripted_(scripted), wait_(wait), signal_(signal) {}
+  std::string name() const override { return scripted_.name(); }
+  int64_t context_limit() const override { return scripted_.context_limit(); }
+  Result<int64_t> prompt_tokens(const std::vector<Message>& conversation, const std::vector<ToolSchema>& tools) override {
+    return scripted_.prompt_tokens(conversation, tools);
+  }
+  ModelTurn next_turn(const TurnRequest& request, const DeltaSink& on_delta, const std::atomic<bool>& cancel) override {
+    if (!waited_) {
+      waited_ = true;
+      if (signal_) on_delta({TurnDelta::Kind::waiting_for_memory, {}});
+      const auto until = std::chrono::steady_clock::now() + wait_;
+      while (std::chrono::steady_clock::now() < until && !cancel.load()) std::this_thread::sleep_for(10ms);
+      if (signal_) on_delta({TurnDelta::Kind::memory_granted, {}});
+      if (cancel.load()) {
+        ModelTurn stopped;
+        stopped.end = TurnEnd::cancelled;
+        return stopped;
+      }
+    }
+    return scripted_.next_turn(request, on_delta, cancel);
+  }
+
+ private:
+  ScriptedChatModel& scripted_;
+  const std::chrono::milliseconds wait_;
+  const bool signal_;
+  bool waited_ = false;
+};
+
+// Waiting for engine memory is not the build's time: the wall-time limit pauses over it. The
+// same wait unreported is the build's time and ends it.
+TEST(AgentLoop, wall_time_limit_pauses_while_the_engine_has_no_memory_for_the_build) {
+  for (bool signal : {true, false}) {
+    Workspace ws("stats-py");
+    ScriptedChatModel scripted({turn_with(call("submit", Json{{"summary", "s"}}))});
+    ScriptedModelAfterAMemoryWait model(scripted, 1500ms, signal);
+    MemoryEventSink events;
+    StopSignal stop;
+    Limits limits;
+    limits.max_wall_s = 1;
+    AgentResult r = run_agent(stats_task(), limits, model, *ws.executor, events, stop);
+    EXPECT_EQ(r.reason, signal ? StopReason::submitted : StopReason::time_limit) << "signal " << signal << ": " << r.message;
+  }
+}
+
 TEST(AgentLoop, cancel_mid_tool_stops_within_a_second) {
   Workspace ws("stats-py");
   ScriptedChatModel model({turn_with(call("bash", Json{{"command", "sleep 30"}}))});
