@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -243,6 +244,27 @@ TEST(EngineChatModel, eight_threads_share_four_slots_and_all_complete) {
   EXPECT_EQ(m.open_sessions(), 0);
 }
 
+// The tiny model again, for two sessions, with a KV pool of the first prompt's pages plus two
+// (`pages`); `prompt` gets the prompt's length in tokens.
+std::unique_ptr<engine::Model> model_with_room_for(TinyEngine& tiny, const std::vector<Message>& conv,
+                                                   std::optional<int64_t>& prompt, int64_t& pages) {
+  auto probe = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
+  EXPECT_TRUE(probe.ok());
+  auto tokens = (*probe)->prompt_tokens(conv, tools());
+  EXPECT_TRUE(tokens.ok()) << tokens.error();
+  prompt = *tokens;
+  probe.value().reset();
+  const engine::CapacityPlan& plan = tiny.model->plan();
+  pages = (*prompt + 15) / 16 + 2;
+  engine::EngineOptions o;
+  o.max_sessions = 2;
+  o.kv_budget_bytes = 2 * plan.state_bytes_per_session + pages * plan.page_bytes;
+  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
+  EXPECT_TRUE(loaded.ok()) << loaded.error();
+  EXPECT_EQ((*loaded)->plan().pages, pages);
+  return std::move(loaded).value();
+}
+
 // The engine refuses a new session's first prompt while running builds hold the KV pages: the
 // build waits for them (one on_memory_wait call, the wait in wait_s and not in prefill_s) and
 // its turn completes once a running build's call ends, instead of failing.
@@ -250,21 +272,10 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
   TinyEngine tiny;
   ASSERT_TRUE(tiny.model && tiny.tokenizer);
   const std::vector<Message> conv{make_message(Role::system, "You are kiln."), make_message(Role::user, "Fix it.")};
-  auto probe = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
-  ASSERT_TRUE(probe.ok());
-  auto prompt = (*probe)->prompt_tokens(conv, tools());
-  ASSERT_TRUE(prompt.ok()) << prompt.error();
-  probe.value().reset();
-  // A pool with room for the prompt plus two pages; the running build holds all but one.
-  const engine::CapacityPlan& plan = tiny.model->plan();
-  const int64_t prompt_pages = (*prompt + 15) / 16, pages = prompt_pages + 2;
-  engine::EngineOptions o;
-  o.max_sessions = 2;
-  o.kv_budget_bytes = 2 * plan.state_bytes_per_session + pages * plan.page_bytes;
-  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
-  ASSERT_TRUE(loaded.ok()) << loaded.error();
-  engine::Model& m = **loaded;
-  ASSERT_EQ(m.plan().pages, pages);
+  int64_t pages = 0;
+  std::optional<int64_t> prompt;
+  auto loaded = model_with_room_for(tiny, conv, prompt, pages);  // the running build holds all but one page
+  engine::Model& m = *loaded;
   auto runner = m.open_session();
   ASSERT_TRUE(runner.ok());
   const std::vector<int32_t> held((pages - 1) * 16, 5);
@@ -317,20 +328,11 @@ TEST(EngineChatModel, a_turn_reports_history_recomputed_after_its_memory_was_tak
   TinyEngine tiny;
   ASSERT_TRUE(tiny.model && tiny.tokenizer);
   const std::vector<Message> conv{make_message(Role::system, "You are kiln."), make_message(Role::user, "Fix it.")};
-  auto probe = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", {});
-  ASSERT_TRUE(probe.ok());
-  auto prompt = (*probe)->prompt_tokens(conv, tools());
-  ASSERT_TRUE(prompt.ok()) << prompt.error();
-  probe.value().reset();
-  const engine::CapacityPlan& plan = tiny.model->plan();
-  const int64_t pages = (*prompt + 15) / 16 + 2;
-  engine::EngineOptions o;
-  o.max_sessions = 2;
-  o.kv_budget_bytes = 2 * plan.state_bytes_per_session + pages * plan.page_bytes;
-  auto loaded = engine::Model::load(tiny.dir.path().string(), o);
-  ASSERT_TRUE(loaded.ok()) << loaded.error();
-  auto a = EngineChatModel::open(**loaded, *tiny.tokenizer, "tiny", {});
-  auto b = EngineChatModel::open(**loaded, *tiny.tokenizer, "tiny", {});
+  int64_t pages = 0;
+  std::optional<int64_t> prompt;
+  auto loaded = model_with_room_for(tiny, conv, prompt, pages);
+  auto a = EngineChatModel::open(*loaded, *tiny.tokenizer, "tiny", {});
+  auto b = EngineChatModel::open(*loaded, *tiny.tokenizer, "tiny", {});
   ASSERT_TRUE(a.ok() && b.ok());
   std::atomic<bool> cancel{false};
   auto a1 = (*a)->next_turn({conv, tools(), 4}, nullptr, cancel);
@@ -347,7 +349,7 @@ TEST(EngineChatModel, a_turn_reports_history_recomputed_after_its_memory_was_tak
   ASSERT_NE(a2.end, TurnEnd::error) << a2.error;
   EXPECT_EQ(a2.usage.rebuilt_tokens, a_history);
   EXPECT_GE(a2.usage.prefilled_tokens, a_history);
-  EXPECT_EQ((*loaded)->kv_reclaims(), 2);
+  EXPECT_EQ(loaded->kv_reclaims(), 2);
 }
 
 // With a store, a build waiting for a slot emits status events with its place in line.
