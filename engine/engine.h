@@ -107,6 +107,8 @@ class Model {
   int64_t kv_preemptions() const { return scheduler_->preemptions(); }
   // Calls that waited for KV memory because nothing could be taken for them.
   int64_t kv_waits() const { return scheduler_->kv_waits(); }
+  // New sessions' first calls refused for KV memory (the agent retries them).
+  int64_t kv_refusals() const { return scheduler_->kv_refusals(); }
 
  private:
   friend class Session;

@@ -193,6 +193,7 @@ bool Scheduler::secure_kv(const Planned& p) {
   }
   if (!seq.started) {  // a new session: refused, untouched
     seq.refused_for_memory = true;
+    ++kv_refusals_;
     fail(r, "context memory exhausted: " + std::to_string(need) + " tokens need " + std::to_string(pages_needed) +
                 " KV pages; " + std::to_string(pool.max_pages() - pool.pages_in_use()) + " of " +
                 std::to_string(pool.max_pages()) + " are free and the rest are held by running sessions; " +

@@ -129,6 +129,8 @@ class Scheduler {
   int64_t preemptions() const { return preemptions_.load(); }
   // Calls that had to wait for KV memory (no page could be taken for them).
   int64_t kv_waits() const { return kv_waits_.load(); }
+  // New sessions' first calls refused for KV memory (each try counts).
+  int64_t kv_refusals() const { return kv_refusals_.load(); }
   // The last steps (at most kStepLogSize), oldest first; clear_step_log() empties it.
   std::vector<StepRecord> step_log() const;
   void clear_step_log();
@@ -172,6 +174,7 @@ class Scheduler {
   uint64_t plan_number_ = 0;      // scheduler thread only
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> kv_waits_{0};
+  std::atomic<int64_t> kv_refusals_{0};
   std::thread thread_;           // last: starts after everything above exists
 };
 

@@ -466,7 +466,9 @@ HttpResponse render_metrics(App& app) {
         {"kiln_kv_reclaims_total", "reclaims", "counter", "Idle sessions whose KV pages were taken for another."},
         {"kiln_kv_preemptions_total", "preemptions", "counter",
          "Sessions inside a call whose KV pages were taken for a higher-ranked one (their history is recomputed)."},
-        {"kiln_kv_waits_total", "waits", "counter", "Engine calls that waited for KV memory."}};
+        {"kiln_kv_waits_total", "waits", "counter", "Calls of running sessions held back until KV pages came free."},
+        {"kiln_kv_refusals_total", "refusals", "counter",
+         "New sessions' first prompts refused for KV memory (their builds wait and try again)."}};
     for (const auto& [family, key, type, help] : families) {
       out += std::string("# HELP ") + family + " " + help + "\n# TYPE " + family + " " + type + "\n";
       for (const auto& [model, stats] : kv)

@@ -165,7 +165,8 @@ void ModelHost::publish_locked(const Slot& s) {
                             {"page_tokens", pool.layout().page_tokens},
                             {"reclaims", model->kv_reclaims()},
                             {"preemptions", model->kv_preemptions()},
-                            {"waits", model->kv_waits()}};
+                            {"waits", model->kv_waits()},
+                            {"refusals", model->kv_refusals()}};
     };
   }
   registry_->set_kv_reader(s.config.name, std::move(kv));

@@ -36,7 +36,7 @@ class ModelRegistry {
   // shown as "residency" in /v1/models.
   void set_host_state(const std::string& name, nlohmann::json state);
   // While a model is loaded: reads its engine's KV memory counters now (pages, pages_in_use,
-  // page_tokens, reclaims, preemptions, waits). Cleared (empty function) before the model is freed.
+  // page_tokens, reclaims, preemptions, waits, refusals). Cleared (empty function) before the model is freed.
   void set_kv_reader(const std::string& name, std::function<nlohmann::json()> reader);
   // Each loaded model's KV counters (see set_kv_reader), by name.
   std::map<std::string, nlohmann::json> kv_stats() const;

@@ -122,8 +122,10 @@ std::string update_submodules(git_repository* repo) {
 }  // namespace
 
 SourceCheck check_local_source(const std::string& source, const std::string& ref) {
-  const bool file_url = source.rfind("file://", 0) == 0;
-  if (!file_url && (source.empty() || source.front() != '/')) return {};  // a network source
+  // Only forms read the same way here as by the clone: an absolute path, or file:/// with no
+  // host and no %-escapes. Anything else (network URLs, file://host/…, escapes) waits for the clone.
+  const bool file_url = source.rfind("file:///", 0) == 0 && source.find('%') == std::string::npos;
+  if (!file_url && (source.empty() || source.front() != '/')) return {};
   init_once();
   const fs::path path = file_url ? fs::path(source.substr(7)) : fs::path(source);
   std::error_code ec;
@@ -136,13 +138,25 @@ SourceCheck check_local_source(const std::string& source, const std::string& ref
     return {"repo " + source + " is a shallow repository (cloned with --depth), so its history is incomplete; "
             "give the full repository, or run `git fetch --unshallow` in it first", "repo"};
   if (git_repository_is_empty(repo.get()) == 1) return {"repo " + source + " is empty: it has no commits", "repo"};
-  // As the clone resolves it: its branches (a clone's origin/<name>), tags, then any revision.
+  // A ref is checked only when it is a plain name (no revision syntax such as ~, ^, @{…}, :/…,
+  // which could also walk the whole history on this request's thread) and not a pseudo-ref
+  // (FETCH_HEAD…) the clone makes itself. The clone resolves it as origin/<ref>, a tag, then a
+  // revision in the clone, where the source's branch b is origin/b (also remotes/origin/b,
+  // refs/remotes/origin/b) and its HEAD is origin, origin/HEAD.
   std::vector<std::string> candidates;
   if (ref.empty()) {
     candidates = {"HEAD"};
   } else {
+    if (ref.find_first_of("~^:@{}[]?*\\ \t") != std::string::npos) return {};
+    if (ref.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_") == std::string::npos) return {};
     candidates = {"refs/heads/" + ref, "refs/tags/" + ref, ref};
-    if (ref.rfind("origin/", 0) == 0) candidates.push_back("refs/heads/" + ref.substr(7));
+    for (const char* prefix : {"refs/remotes/origin/", "remotes/origin/", "origin/"}) {
+      const std::string p = prefix;
+      if (ref.rfind(p, 0) != 0) continue;
+      const std::string rest = ref.substr(p.size());
+      candidates.push_back(rest == "HEAD" ? std::string("HEAD") : "refs/heads/" + rest);
+    }
+    if (ref == "origin" || ref == "remotes/origin" || ref == "refs/remotes/origin") candidates.push_back("HEAD");
   }
   for (const auto& spec : candidates) {
     git_object* obj = nullptr;

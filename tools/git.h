@@ -36,11 +36,12 @@ struct CloneInfo {
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
                                           const std::filesystem::path& dest, const std::string& build_id);
 
-// A build's source checked before it is queued, where that costs nothing: a local source (a path,
-// or a file:// URL) must be a git repository with commits, not shallow, in which `ref` names a
-// branch, tag or commit (empty: its HEAD). Other sources (network URLs) are not contacted and
-// pass. On failure `field` names the input at fault: "repo" or "ref". Never stricter than
-// git_clone_workspace: what it refuses, a clone would fail on.
+// A build's source checked before it is queued, where that costs nothing: a local source (an
+// absolute path, or a plain file:/// URL) must be a git repository with commits, not shallow, in
+// which a plain-name `ref` names a branch, tag or commit, also as the clone spells them
+// (origin/<branch>, origin/HEAD; empty: its HEAD). Other sources, and refs with revision syntax
+// (~, ^, @{…}, :/…), are left to the clone. On failure `field` names the input at fault: "repo"
+// or "ref". Never stricter than git_clone_workspace: what it refuses, a clone would fail on.
 struct SourceCheck {
   std::string error;  // empty when fine (or not checked)
   std::string field;

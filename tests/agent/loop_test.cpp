@@ -119,19 +119,23 @@ class ScriptedModelAfterAMemoryWait final : public ChatModel {
     return scripted_.prompt_tokens(conversation, tools);
   }
   ModelTurn next_turn(const TurnRequest& request, const DeltaSink& on_delta, const std::atomic<bool>& cancel) override {
+    double waited_s = 0;
     if (!waited_) {
       waited_ = true;
       if (signal_) on_delta({TurnDelta::Kind::waiting_for_memory, {}});
-      const auto until = std::chrono::steady_clock::now() + wait_;
+      const auto start = std::chrono::steady_clock::now(), until = start + wait_;
       while (std::chrono::steady_clock::now() < until && !cancel.load()) std::this_thread::sleep_for(10ms);
       if (signal_) on_delta({TurnDelta::Kind::memory_granted, {}});
+      if (signal_) waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (cancel.load()) {
         ModelTurn stopped;
         stopped.end = TurnEnd::cancelled;
         return stopped;
       }
     }
-    return scripted_.next_turn(request, on_delta, cancel);
+    ModelTurn turn = scripted_.next_turn(request, on_delta, cancel);
+    turn.usage.wait_s += waited_s;
+    return turn;
   }
 
  private:
@@ -154,6 +158,12 @@ TEST(AgentLoop, wall_time_limit_pauses_while_the_engine_has_no_memory_for_the_bu
     limits.max_wall_s = 1;
     AgentResult r = run_agent(stats_task(), limits, model, *ws.executor, events, stop);
     EXPECT_EQ(r.reason, signal ? StopReason::submitted : StopReason::time_limit) << "signal " << signal << ": " << r.message;
+    if (!signal) continue;
+    EXPECT_GE(r.counters.wait_s, 1.4);  // the worker moves it into seconds_model_wait
+    bool logged = false;
+    for (const auto& e : events.events())
+      if (e.kind == "metric" && e.payload.contains("step")) logged = e.payload.value("wait_s", 0.0) >= 1.4;
+    EXPECT_TRUE(logged) << "the step's metric event should carry wait_s";
   }
 }
 

@@ -346,7 +346,7 @@ TEST(BuildPipeline, a_killed_attempts_metrics_are_recovered_from_its_log) {
   p.submit(std::nullopt);
   auto first = p.claim();
   const std::vector<store::NewEvent> logged = {
-      {"metric", R"({"step":1,"tokens_prefilled":900,"tokens_reused":0,"tokens_generated":40,"tokens_reasoning":30,"prefill_s":2.5,"decode_s":1.0})"},
+      {"metric", R"({"step":1,"tokens_prefilled":900,"tokens_reused":0,"tokens_generated":40,"tokens_reasoning":30,"prefill_s":2.5,"decode_s":1.0,"wait_s":4.0})"},
       {"tool_call", R"({"name":"bash","arguments":{"command":"ls"}})"},
       {"metric", R"({"step":2,"tokens_prefilled":60,"tokens_reused":940,"tokens_generated":20,"tokens_reasoning":0,"prefill_s":0.5,"decode_s":0.5})"},
       {"tool_call", R"({"name":"view","arguments":{"path":"stats.py"}})"}};
@@ -367,6 +367,7 @@ TEST(BuildPipeline, a_killed_attempts_metrics_are_recovered_from_its_log) {
   EXPECT_GE(m.tokens_cached, 940);
   EXPECT_GE(m.tokens_generated, 60);
   EXPECT_GE(m.seconds_prefill, 3.0);
+  EXPECT_GE(m.seconds_model_wait, 4.0);  // its wait for engine memory: not the build's own time
   EXPECT_EQ(m.tool_calls.at("bash"), 1);
   EXPECT_EQ(m.tool_calls.at("view"), 1);
   auto events = p.events(first.id);

@@ -137,6 +137,7 @@ TEST(Memory, ExhaustedKvRefusesTheNewcomerAndRunningSessionsGoOn) {
   });
   ASSERT_TRUE(r.ok()) << r.error();
   EXPECT_NE(error.find("context memory exhausted"), std::string::npos) << error;
+  EXPECT_EQ(m.kv_refusals(), 1);
   EXPECT_EQ(r->tokens.size(), 20u);
 
   // The runner's tokens equal a run on a model with plenty of memory.

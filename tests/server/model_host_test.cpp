@@ -89,6 +89,7 @@ TEST(ModelHost, LoadsOnFirstUseAndEvictsTheLeastRecentlyUsedIdleModelWhenMemoryI
     const int64_t page_tokens = kv["page_tokens"].get<int64_t>();
     EXPECT_EQ(kv["pages_in_use"].get<int64_t>(), (turn.usage.context_tokens + page_tokens - 1) / page_tokens);
     EXPECT_EQ(kv["preemptions"], 0);
+    EXPECT_EQ(kv["refusals"], 0);
     EXPECT_EQ(registry.kv_stats().count("tiny-a"), 1u);
     EXPECT_TRUE(model_entry(doc, "tiny-b")["kv"].is_null());  // not loaded
   }

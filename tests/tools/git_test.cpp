@@ -262,25 +262,36 @@ TEST(Git, CloneOfASharedSourceHoldsItsOwnObjects) {
   EXPECT_EQ(git_cli(dest, "log --format=%s"), "second\nfirst");
 }
 
-// The submit-time check of a local source accepts exactly the refs a clone resolves (it is never
-// stricter), and names the input at fault otherwise; network sources are not contacted.
-TEST(Git, LocalSourceCheckAgreesWithTheCloneAndNamesTheField) {
+// The submit-time check of a local source accepts every ref a clone resolves (it is never
+// stricter, however the ref is spelled), refuses plain names the clone cannot resolve, naming
+// the input at fault; network sources are not contacted.
+TEST(Git, LocalSourceCheckIsNeverStricterThanTheCloneAndNamesTheField) {
   SourceRepo src;
   TempWorkspace parent;
   const std::string path = src.dir.path().string();
   int n = 0;
-  for (const std::string& ref : {std::string(), std::string("main"), std::string("v1"), src.first,
-                                 std::string("origin/main"), std::string("main~1"), std::string("nope"),
-                                 std::string("v2"), std::string(40, 'f')}) {
-    const SourceCheck check = check_local_source(path, ref);
-    auto cloned = git_clone_workspace(path, ref, parent.path() / ("ws" + std::to_string(n)), std::to_string(100 + n));
+  auto clone_ok = [&](const std::string& source, const std::string& ref) {
+    auto cloned = git_clone_workspace(source, ref, parent.path() / ("ws" + std::to_string(n)), std::to_string(100 + n));
     ++n;
-    EXPECT_EQ(check.ok(), cloned.ok()) << "ref '" << ref << "': check says '" << check.error << "', clone says '"
-                                       << cloned.error << "'";
-    if (!check.ok()) {
-      EXPECT_EQ(check.field, "ref") << check.error;
-    }
+    return cloned.ok();
+  };
+  for (const std::string& ref :
+       {std::string(), std::string("main"), std::string("v1"), src.first, src.first.substr(0, 10),
+        std::string("origin/main"), std::string("remotes/origin/main"), std::string("refs/remotes/origin/main"),
+        std::string("origin/HEAD"), std::string("origin"), std::string("refs/tags/v1"), std::string("main~1"),
+        std::string("HEAD~1"), std::string("v1^{commit}")}) {
+    const SourceCheck check = check_local_source(path, ref);
+    EXPECT_TRUE(check.ok()) << "ref '" << ref << "': " << check.error;
+    EXPECT_TRUE(clone_ok(path, ref)) << "ref '" << ref << "'";
   }
+  for (const std::string& ref : {std::string("nope"), std::string("v2"), std::string(40, 'f'), std::string("origin/nope")}) {
+    const SourceCheck check = check_local_source(path, ref);
+    EXPECT_EQ(check.field, "ref") << "ref '" << ref << "': " << check.error;
+    EXPECT_FALSE(clone_ok(path, ref)) << "ref '" << ref << "'";
+  }
+  // Spellings only the clone reads (a host, %-escapes) are left to it.
+  EXPECT_TRUE(check_local_source("file://localhost" + path, "main").ok());
+  EXPECT_TRUE(clone_ok("file://localhost" + path, "main"));
   EXPECT_TRUE(check_local_source("file://" + path, "main").ok());
   EXPECT_TRUE(check_local_source("https://example.invalid/repo.git", "nope").ok());  // not contacted
   EXPECT_TRUE(check_local_source("git@example.invalid:org/repo.git", "").ok());
