@@ -89,11 +89,14 @@ struct ModelTurn {
 
 struct TurnDelta {
   // waiting_for_memory ... memory_granted: the engine has no memory for this build yet (running
-  // builds hold it); that span is not the build's own time, and the loop's wall-time limit
-  // pauses over it. Every waiting_for_memory is followed by one memory_granted (also on cancel).
+  // builds hold it); that span is not the build's own time: the loop emits one
+  // {"phase": "waiting_for_memory", "model", "message"} status event and its wall-time limit
+  // pauses. Every waiting_for_memory is followed by one memory_granted (also on cancel).
   enum class Kind { reasoning, text, tool_call, waiting_for_memory, memory_granted };
   Kind kind = Kind::text;
-  std::string text;  // reasoning/text: the new piece; tool_call: the call's name; else empty
+  // reasoning/text: the new piece; tool_call: the call's name; waiting_for_memory: the engine's
+  // reason; memory_granted: empty
+  std::string text;
 };
 using DeltaSink = std::function<void(const TurnDelta&)>;
 

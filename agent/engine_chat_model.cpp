@@ -88,8 +88,7 @@ engine::Result<std::vector<float>> EngineChatModel::first_append(std::span<const
     }
     if (!waiting_since) {
       waiting_since = Clock::now();
-      if (options_.on_memory_wait) options_.on_memory_wait(appended.error());
-      if (on_delta) on_delta({TurnDelta::Kind::waiting_for_memory, {}});
+      if (on_delta) on_delta({TurnDelta::Kind::waiting_for_memory, appended.error()});
     }
     // Pages come back when another build's call ends; a tenth of a second is a small delay
     // against minutes of building, and a refused try costs the engine almost nothing.

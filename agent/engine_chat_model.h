@@ -15,7 +15,6 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -33,9 +32,6 @@ struct EngineChatModelOptions {
   engine::SamplingParams sampling;  // the caller's choice (model-spec §9.2 lists the card's)
   bool enable_thinking = true;
   int64_t context_limit = 0;        // 0: the model's max_position_embeddings
-  // Called once when the first prompt has to wait for engine memory (running builds hold the KV
-  // pages; the engine refuses a new session then), with the engine's message.
-  std::function<void(const std::string& message)> on_memory_wait;
 };
 
 class EngineChatModel final : public ChatModel {

@@ -17,7 +17,7 @@ using Clock = std::chrono::steady_clock;
 // cancelled (read at most once a second while waiting).
 struct BuildLine {
   int priority = 0;
-  std::shared_ptr<StoreEventSink> events;  // also the session's, for waiting_for_memory
+  std::unique_ptr<StoreEventSink> events;
   bool fenced = false;
   Clock::time_point last_check{};
 };
@@ -40,7 +40,7 @@ ModelProvider engine_model_provider(std::map<std::string, EngineModelEntry> mode
       auto build = store->get(build_id, false);
       if (!build.ok()) return Error{"build " + std::to_string(build_id) + ": " + build.error().message};
       line.priority = int(std::clamp<int64_t>(build->spec.priority, INT_MIN, INT_MAX));
-      line.events = std::make_shared<StoreEventSink>(*store, build_id, build->attempt);
+      line.events = std::make_unique<StoreEventSink>(*store, build_id, build->attempt);
     }
     engine::OpenOptions admission;
     admission.priority = line.priority;
@@ -57,13 +57,7 @@ ModelProvider engine_model_provider(std::map<std::string, EngineModelEntry> mode
       auto build = store->get(build_id, false);
       return build.ok() && build->cancel_requested;
     };
-    EngineChatModelOptions options = e.options;
-    if (line.events) {
-      options.on_memory_wait = [events = line.events, name](const std::string& message) {
-        events->emit("status", Json{{"phase", "waiting_for_memory"}, {"model", name}, {"message", message}});
-      };
-    }
-    auto opened = EngineChatModel::open(*e.model, *e.tokenizer, name, std::move(options), &admission);
+    auto opened = EngineChatModel::open(*e.model, *e.tokenizer, name, e.options, &admission);
     if (!opened) return Error{opened.error()};
     return std::unique_ptr<ChatModel>(std::move(opened.value()));
   };

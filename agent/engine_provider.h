@@ -4,11 +4,8 @@
 // the engine's line (engine::Model::open_session_waiting), ahead of builds of lower priority;
 // with a store, it takes the build's priority from it and emits a `status` event
 // {"phase": "waiting_for_engine", "model", "position", "max_sessions"} each time its place in
-// line changes, and leaves the line when the build is cancelled or its lease is lost. When the
-// engine refuses the build's first prompt for memory (running builds hold the KV pages), the
-// build waits for them with one {"phase": "waiting_for_memory", "model", "message"} event; that
-// wait counts as seconds_model_wait, not as the build's own time (the loop's wall-time limit
-// pauses over it too).
+// line changes, and leaves the line when the build is cancelled or its lease is lost. (A first
+// prompt refused for KV memory waits inside the turn: see TurnDelta::waiting_for_memory.)
 // An unknown name is a model_error for that build, with a message naming the model. The
 // entries' models and tokenizers (and the store) must outlive the provider and every build it
 // served (the server owns them).

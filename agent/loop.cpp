@@ -159,7 +159,11 @@ class Agent {
     auto on_delta = [&](const TurnDelta& d) {
       if (d.kind == TurnDelta::Kind::tool_call) return;  // the whole call is emitted when it runs
       // Waiting for engine memory is not the build's time: the wall-time limit stops meanwhile.
-      if (d.kind == TurnDelta::Kind::waiting_for_memory) return watchdog_->pause();
+      if (d.kind == TurnDelta::Kind::waiting_for_memory) {
+        watchdog_->pause();
+        emit("status", {{"phase", "waiting_for_memory"}, {"model", model_.name()}, {"message", d.text}});
+        return;
+      }
       if (d.kind == TurnDelta::Kind::memory_granted) {
         deadline_ = watchdog_->resume();
         return;

@@ -266,7 +266,8 @@ std::unique_ptr<engine::Model> model_with_room_for(TinyEngine& tiny, const std::
 }
 
 // The engine refuses a new session's first prompt while running builds hold the KV pages: the
-// build waits for them (one on_memory_wait call, the wait in wait_s and not in prefill_s) and
+// build waits for them (one waiting_for_memory delta with the engine's reason, the wait in wait_s
+// and not in prefill_s) and
 // its turn completes once a running build's call ends, instead of failing.
 TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
   TinyEngine tiny;
@@ -283,12 +284,7 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
 
   std::atomic<int> memory_waits{0};
   std::string wait_message;
-  EngineChatModelOptions options;
-  options.on_memory_wait = [&](const std::string& message) {
-    wait_message = message;
-    ++memory_waits;
-  };
-  auto opened = EngineChatModel::open(m, *tiny.tokenizer, "tiny", options);
+  auto opened = EngineChatModel::open(m, *tiny.tokenizer, "tiny", {});
   ASSERT_TRUE(opened.ok()) << opened.error();
   ModelTurn turn;
   std::vector<TurnDelta::Kind> signals;  // for the loop's wall-time limit, which pauses over the wait
@@ -300,6 +296,10 @@ TEST(EngineChatModel, first_prompt_waits_for_memory_held_by_a_running_build) {
     build = std::thread([&] {
       turn = (*opened)->next_turn({conv, tools(), 4},
                                   [&](const TurnDelta& d) {
+                                    if (d.kind == TurnDelta::Kind::waiting_for_memory) {
+                                      wait_message = d.text;
+                                      ++memory_waits;
+                                    }
                                     if (d.kind == TurnDelta::Kind::waiting_for_memory ||
                                         d.kind == TurnDelta::Kind::memory_granted)
                                       signals.push_back(d.kind);

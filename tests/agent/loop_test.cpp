@@ -122,7 +122,7 @@ class ScriptedModelAfterAMemoryWait final : public ChatModel {
     double waited_s = 0;
     if (!waited_) {
       waited_ = true;
-      if (signal_) on_delta({TurnDelta::Kind::waiting_for_memory, {}});
+      if (signal_) on_delta({TurnDelta::Kind::waiting_for_memory, "context memory exhausted: …"});
       const auto start = std::chrono::steady_clock::now(), until = start + wait_;
       while (std::chrono::steady_clock::now() < until && !cancel.load()) std::this_thread::sleep_for(10ms);
       if (signal_) on_delta({TurnDelta::Kind::memory_granted, {}});
@@ -164,6 +164,11 @@ TEST(AgentLoop, wall_time_limit_pauses_while_the_engine_has_no_memory_for_the_bu
     for (const auto& e : events.events())
       if (e.kind == "metric" && e.payload.contains("step")) logged = e.payload.value("wait_s", 0.0) >= 1.4;
     EXPECT_TRUE(logged) << "the step's metric event should carry wait_s";
+    int waiting_events = 0;
+    for (const auto& e : events.events())
+      waiting_events += e.kind == "status" && e.payload.value("phase", "") == "waiting_for_memory" &&
+                        e.payload.value("message", "").find("context memory exhausted") != std::string::npos;
+    EXPECT_EQ(waiting_events, 1);
   }
 }
 
