@@ -118,12 +118,14 @@ void Scheduler::kv_released() {
   work_.notify_one();
 }
 
-// Waiting for memory (stalled, or preempted and not restored yet) with its cancel flag set: the
-// cancel a generating session's callback would see, but no token comes while it waits.
-bool Scheduler::cancelled_while_waiting(const Request& r) const {
-  if (r.in_step || r.done || !(r.kv_stalled || history_gap(*r.seq) > 0)) return false;
-  const std::atomic<bool>* cancel = r.is_generate ? r.options->cancel : r.cancel;
-  return cancel != nullptr && cancel->load() && (!r.is_generate || r.error.empty());
+// A request to end now for its cancel flag: an append with work left (waiting for memory or not),
+// or a generate waiting for memory (stalled, or preempted and not restored yet): a generate's
+// callback sees the cancel while tokens come, but none come while it waits.
+bool Scheduler::cancel_requested(const Request& r) const {
+  if (r.in_step || r.done) return false;
+  const int64_t gap = history_gap(*r.seq);
+  if (!r.is_generate) return r.cancel != nullptr && r.cancel->load() && (r.remaining() > 0 || gap > 0);
+  return (r.kv_stalled || gap > 0) && r.options->cancel != nullptr && r.options->cancel->load() && r.error.empty();
 }
 
 bool Scheduler::wants_step(const Request& r) const {
@@ -172,7 +174,7 @@ bool Scheduler::secure_kv(const Planned& p) {
   const int64_t in_use = pool.pages_in_use();
   for (Request* o : queue_)
     if (o != &r && o->is_generate && !o->done && o->seq->state.kv->capacity_tokens() > 0)
-      o->seq->state.kv->truncate(std::max<int64_t>(int64_t(o->seq->tokens.size()) + 1, o->seq->state.n_past + 1));
+      o->seq->state.kv->truncate(int64_t(o->seq->tokens.size()) + 1);  // its history and its next token
   if (pool.pages_in_use() < in_use) ++kv_epoch_;
   if (kv.reserve(need)) return true;
   // 2. Idle sessions, then 3. lower-ranked calls, lowest first; nothing is taken unless it is enough.
@@ -269,7 +271,7 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   plan.clear(), prefill.clear();
   ++plan_number_;
   for (Request* r : queue_) {
-    if (cancelled_while_waiting(*r)) {
+    if (cancel_requested(*r)) {
       if (r->is_generate) {
         fail(*r, "generate: cancelled while waiting for KV memory");
       } else {
@@ -293,9 +295,6 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
         continue;
       }
       plan.push_back({r, 1, false});
-    } else if (r->cancel && r->cancel->load() && (r->remaining() > 0 || gap > 0)) {
-      r->cancelled = r->done = true;
-      r->done_cv.notify_one();
     } else if (gap > 0 || r->remaining() > 1) {
       prefill.push_back(r);
     } else if (r->remaining() == 1) {
@@ -339,7 +338,7 @@ void Scheduler::run() {
   for (;;) {
     auto has_work = [&] {
       return stop_ || std::any_of(queue_.begin(), queue_.end(), [&](const Request* r) {
-               return wants_step(*r) || cancelled_while_waiting(*r);
+               return wants_step(*r) || cancel_requested(*r);
              });
     };
     // Nothing signals a cancel flag: while requests wait for memory, look at their flags often.

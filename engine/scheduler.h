@@ -148,7 +148,7 @@ class Scheduler {
   void finish_step(const std::vector<Planned>& plan);
   bool decode_ready(const Request& r) const;
   bool wants_step(const Request& r) const;
-  bool cancelled_while_waiting(const Request& r) const;
+  bool cancel_requested(const Request& r) const;
   // Reserves the KV that p's step needs, taking pages as described at the top; false when p must
   // wait (or was refused: it is then finished with the error).
   bool secure_kv(const Planned& p);

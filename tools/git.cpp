@@ -73,15 +73,9 @@ std::string hex(const git_oid* oid) {
   return buf;
 }
 
-// Resolves a user-supplied ref in a fresh clone: remote branch, tag, then any revision syntax.
-Commit resolve_commit(git_repository* repo, const std::string& ref, std::string& error) {
-  std::vector<std::string> candidates;
-  if (ref.empty()) {
-    candidates = {"HEAD"};
-  } else {
-    candidates = {"refs/remotes/origin/" + ref, "refs/tags/" + ref, ref};
-  }
-  for (const auto& spec : candidates) {
+// The commit of the first revision spec that names one (nullptr when none does).
+Commit first_commit(git_repository* repo, const std::vector<std::string>& specs) {
+  for (const auto& spec : specs) {
     git_object* obj = nullptr;
     if (git_revparse_single(&obj, repo, spec.c_str()) != 0) continue;
     Object owned(obj);
@@ -89,6 +83,15 @@ Commit resolve_commit(git_repository* repo, const std::string& ref, std::string&
     if (git_object_peel(&peeled, obj, GIT_OBJECT_COMMIT) != 0) continue;
     return Commit(reinterpret_cast<git_commit*>(peeled));
   }
+  return nullptr;
+}
+
+// Resolves a user-supplied ref in a fresh clone: remote branch, tag, then any revision syntax.
+Commit resolve_commit(git_repository* repo, const std::string& ref, std::string& error) {
+  Commit commit = first_commit(repo, ref.empty() ? std::vector<std::string>{"HEAD"}
+                                                 : std::vector<std::string>{"refs/remotes/origin/" + ref,
+                                                                            "refs/tags/" + ref, ref});
+  if (commit) return commit;
   error = "ref '" + ref + "' was not found in the cloned repository (tried a branch, a tag and a commit id)";
   return nullptr;
 }
@@ -158,15 +161,7 @@ SourceCheck check_local_source(const std::string& source, const std::string& ref
     }
     if (ref == "origin" || ref == "remotes/origin" || ref == "refs/remotes/origin") candidates.push_back("HEAD");
   }
-  for (const auto& spec : candidates) {
-    git_object* obj = nullptr;
-    if (git_revparse_single(&obj, repo.get(), spec.c_str()) != 0) continue;
-    Object owned(obj);
-    git_object* peeled = nullptr;
-    if (git_object_peel(&peeled, obj, GIT_OBJECT_COMMIT) != 0) continue;
-    git_object_free(peeled);
-    return {};
-  }
+  if (first_commit(repo.get(), candidates)) return {};
   if (ref.empty()) return {"repo " + source + ": its HEAD does not point to a commit", "repo"};
   return {"ref '" + ref + "' was not found in " + source + " (tried a branch, a tag and a commit id)", "ref"};
 }
