@@ -48,6 +48,14 @@ struct Scheduler::Request {
   bool stopped = false;       // a callback returned false
   bool finishing = false;     // stop token or max_tokens reached
   bool in_callback = false;   // the session thread is inside on_token (the lock released)
+  // Speculative decoding: `verify` is the step's tokens (the pending one, then the draft), its
+  // logits [T][V] and the GDN states after each position but the last. They stay until the next
+  // step: a callback that stops inside the accepted run rolls the history back to its token.
+  std::vector<int32_t> verify;
+  std::vector<float> verify_logits;
+  std::vector<std::vector<DeltaNetState>> gdn_after;
+  size_t verify_first = 0;  // result index of verify[0]
+  int64_t verify_kept = 0;  // positions of the last verification kept in the history
   std::string error;
   // KV memory: waiting for pages (skipped until kv_epoch_ moves past stalled_epoch); preempted
   // while the step being planned was put together (its planned work is void).
@@ -157,8 +165,8 @@ bool Scheduler::secure_kv(const Planned& p) {
   SequenceKv& kv = *seq.state.kv;
   const KvPool& pool = kv.pool();
   // A restore reserves the whole history and the work behind it, an append all its tokens at its
-  // first chunk (a new session is admitted all or nothing), a decode its one token.
-  const int64_t pending = r.is_generate ? 1 : r.remaining();
+  // first chunk (a new session is admitted all or nothing), a decode its token and any draft.
+  const int64_t pending = r.is_generate ? (p.restore ? 1 : p.T) : r.remaining();
   const int64_t need = p.restore ? int64_t(seq.tokens.size()) + pending : seq.state.n_past + pending;
   const int64_t pt = kv.page_tokens();
   const int64_t pages_needed = (need + pt - 1) / pt;
@@ -174,7 +182,7 @@ bool Scheduler::secure_kv(const Planned& p) {
   const int64_t in_use = pool.pages_in_use();
   for (Request* o : queue_)
     if (o != &r && o->is_generate && !o->done && o->seq->state.kv->capacity_tokens() > 0)
-      o->seq->state.kv->truncate(int64_t(o->seq->tokens.size()) + 1);  // its history and its next token
+      o->seq->state.kv->truncate(int64_t(o->seq->tokens.size() + std::max<size_t>(o->verify.size(), 1)));  // its next step
   if (pool.pages_in_use() < in_use) ++kv_epoch_;
   if (kv.reserve(need)) return true;
   // 2. Idle sessions, then 3. lower-ranked calls, lowest first; nothing is taken unless it is enough.
@@ -247,6 +255,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
       work_.notify_one();
       r.done_cv.wait(lock, [&] { return r.done || (!r.in_step && r.can_finish()); });
       if (auto it = std::find(queue_.begin(), queue_.end(), &r); it != queue_.end()) queue_.erase(it);
+      roll_back_unreported(r);
       std::rethrow_exception(thrown);
     }
     r.acked = ++called;
@@ -259,11 +268,46 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
     }
     work_.notify_one();
   }
+  roll_back_unreported(r);
   if (!r.error.empty()) return make_error(r.error);
   r.result.tokens.resize(r.forwarded);
   if (r.stopped) r.result.reason = GenerateResult::Reason::callback;
   return std::move(r.result);
 }
+
+// A callback that stopped at a token inside the last verified draft: the accepted tokens after it
+// were forwarded but never reported, and leave the history (the state is the one saved after the
+// stopping token). Called on the session thread once the request is done.
+void Scheduler::roll_back_unreported(Request& r) {
+  if (!r.stopped || r.forwarded <= r.acked || r.acked <= r.verify_first) return;
+  const size_t position = r.acked - 1 - r.verify_first;  // < verify_kept − 1: a saved state
+  if (int64_t(position) + 1 >= r.verify_kept || position >= r.gdn_after.size()) return;
+  Sequence& seq = *r.seq;
+  const size_t drop = r.forwarded - r.acked;
+  seq.tokens.resize(seq.tokens.size() - drop);
+  seq.state.n_past -= int64_t(drop);
+  seq.state.gdn.swap(r.gdn_after[position]);
+  const int64_t V = config_.vocab_size;
+  seq.last_logits.assign(r.verify_logits.begin() + int64_t(position) * V,
+                         r.verify_logits.begin() + int64_t(position + 1) * V);
+  r.forwarded = r.acked;
+}
+
+int64_t Scheduler::propose(Request& r) {
+  r.verify.assign(1, r.result.tokens[r.forwarded]);
+  const SpeculativeOptions& o = r.options->speculative;
+  if (o.draft_tokens <= 0 || r.stopped) return 0;
+  const Sequence& seq = *r.seq;
+  // The step's own token counts against max_tokens and the context as well.
+  const int64_t room = std::min({int64_t(o.draft_tokens), r.options->max_tokens - int64_t(r.forwarded) - 1,
+                                 config_.max_position_embeddings - seq.state.n_past - 1});
+  if (room <= 0) return 0;
+  propose_draft(seq.tokens, r.verify[0], o, room, draft_);
+  r.verify.insert(r.verify.end(), draft_.begin(), draft_.end());
+  return int64_t(draft_.size());
+}
+
+void Scheduler::note_verified(Request&, int64_t, int64_t) {}
 
 const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   std::vector<Planned>& plan = plan_;
@@ -294,7 +338,7 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
                      std::to_string(config_.max_position_embeddings));
         continue;
       }
-      plan.push_back({r, 1, false});
+      plan.push_back({r, 1 + propose(*r), false});
     } else if (gap > 0 || r->remaining() > 1) {
       prefill.push_back(r);
     } else if (r->remaining() == 1) {
@@ -321,8 +365,16 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
     for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = i;
     std::stable_sort(ranked.begin(), ranked.end(),
                      [&](size_t a, size_t b) { return ranks_below(*plan[b].request->seq, *plan[a].request->seq); });
-    for (size_t i : ranked)
-      if (plan[i].request->preempted_in_plan == plan_number_ || !secure_kv(plan[i])) plan[i].T = 0;
+    for (size_t i : ranked) {
+      Planned& p = plan[i];
+      Request& r = *p.request;
+      // A draft only uses pages the session holds or the pool has free; else it is dropped.
+      if (p.T > 1 && r.is_generate && !p.restore && !r.seq->state.kv->reserve(r.seq->state.n_past + p.T)) {
+        p.T = 1;
+        r.verify.resize(1);
+      }
+      if (r.preempted_in_plan == plan_number_ || !secure_kv(p)) p.T = 0;
+    }
     std::erase_if(plan, [](const Planned& p) { return p.T == 0; });
   }
   std::erase_if(queue_, [](Request* r) { return r->done; });
@@ -368,6 +420,11 @@ void Scheduler::run() {
       Sequence& seq = *r.seq;
       if (plan[i].restore) {
         steps.push_back({seq.tokens.data() + seq.state.n_past, plan[i].T, &seq.state, LogitRows::none, nullptr});
+      } else if (r.is_generate && plan[i].T > 1) {  // a token and its draft, verified in the decode form
+        r.verify_logits.resize(size_t(plan[i].T * V));
+        steps.push_back({r.verify.data(), plan[i].T, &seq.state, LogitRows::all, r.verify_logits.data(), true,
+                         &r.gdn_after});
+        rec.draft_rows += plan[i].T - 1;
       } else if (r.is_generate) {
         decode_tokens[i] = r.result.tokens[r.forwarded];
         steps.push_back({&decode_tokens[i], 1, &seq.state, LogitRows::last, seq.last_logits.data()});
@@ -377,7 +434,7 @@ void Scheduler::run() {
         steps.push_back({r.tokens.data() + r.consumed, plan[i].T, &seq.state, rows,
                          r.all_logits ? r.out + r.consumed * V : r.out});
       }
-      if (plan[i].T == 1) ++rec.decode_rows;
+      if (plan[i].T == 1 || (r.is_generate && !plan[i].restore)) ++rec.decode_rows;
       else rec.prefill_rows += plan[i].T;
     }
     lock.unlock();
@@ -423,19 +480,49 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
       r.done_cv.notify_one();
       continue;
     }
-    const int32_t tok = r.result.tokens[r.forwarded++];
-    seq.tokens.push_back(tok);
-    const auto& stop = r.options->stop;
-    if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
-      r.finishing = true;
-      r.result.reason = GenerateResult::Reason::stop_token;
-    } else if (int64_t(r.forwarded) >= r.options->max_tokens) {
-      r.finishing = true;
-      r.result.reason = GenerateResult::Reason::max_tokens;
-    } else if (!r.stopped) {
-      r.result.tokens.push_back(
-          r.sampler->sample(seq.last_logits, std::span<const int32_t>(r.result.tokens.data(), r.forwarded)));
+    // Position i forwarded result token `forwarded`; its logits give the next token, sampled as
+    // in a plain loop. While that equals the draft's next token, the draft's next position is
+    // the step a plain loop would have run next, already done.
+    const int64_t T = p.T;
+    const size_t first = r.forwarded;
+    int64_t kept = 0;
+    while (kept < T) {
+      const int32_t tok = r.result.tokens[r.forwarded++];
+      seq.tokens.push_back(tok);
+      const std::span<const float> logits =
+          T == 1 ? std::span<const float>(seq.last_logits)
+                 : std::span<const float>(r.verify_logits.data() + kept * V, size_t(V));
+      ++kept;
+      const auto& stop = r.options->stop;
+      if (std::find(stop.begin(), stop.end(), tok) != stop.end()) {
+        r.finishing = true;
+        r.result.reason = GenerateResult::Reason::stop_token;
+        break;
+      }
+      if (int64_t(r.forwarded) >= r.options->max_tokens) {
+        r.finishing = true;
+        r.result.reason = GenerateResult::Reason::max_tokens;
+        break;
+      }
+      if (r.stopped) break;
+      const int32_t next = r.sampler->sample(logits, std::span<const int32_t>(r.result.tokens.data(), r.forwarded));
+      r.result.tokens.push_back(next);
       if (!r.has_callback) r.acked = r.result.tokens.size();
+      if (kept == T || next != r.verify[size_t(kept)]) break;
+    }
+    ++r.result.steps;
+    if (T == 1) r.verify_kept = 0;
+    if (T > 1) {
+      r.result.draft_tokens += T - 1;
+      r.result.draft_accepted += kept - 1;
+      r.verify_first = first;
+      r.verify_kept = kept;
+      seq.last_logits.assign(r.verify_logits.begin() + (kept - 1) * V, r.verify_logits.begin() + kept * V);
+      if (kept < T) {  // the rejected positions leave the caches: KV by length, GDN by the saved state
+        seq.state.n_past -= T - kept;
+        seq.state.gdn.swap(r.gdn_after[size_t(kept - 1)]);
+      }
+      note_verified(r, T - 1, kept - 1);
     }
     if (r.can_finish()) r.done = true;
     r.done_cv.notify_one();  // done, or a token for the callback

@@ -47,6 +47,7 @@
 #include "engine/cache/sequence_state.h"
 #include "engine/config.h"
 #include "engine/models/qwen35.h"
+#include "engine/prompt_lookup.h"
 #include "engine/sampling.h"
 #include "engine/status.h"
 
@@ -59,11 +60,17 @@ struct GenerateOptions {
   // Ends the call with an error while it waits for KV memory (when no token, and so no
   // on_token callback, comes); while tokens come, the callback returning false is the way.
   const std::atomic<bool>* cancel = nullptr;
+  // Prompt-lookup speculative decoding (engine/prompt_lookup.h): the tokens, the history and the
+  // RNG draws are the same as without it; only the number of steps changes.
+  SpeculativeOptions speculative;
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;
   enum class Reason { stop_token, max_tokens, callback } reason = Reason::max_tokens;
+  int64_t steps = 0;           // forward passes that produced tokens
+  int64_t draft_tokens = 0;    // speculative tokens verified
+  int64_t draft_accepted = 0;  // of which the model's own choice (each saved a step)
 };
 
 // What the scheduler reads and writes of one session.
@@ -83,7 +90,8 @@ struct Sequence {
 // One finished step, for benches (Scheduler::step_log).
 struct StepRecord {
   double start_s = 0, ms = 0;  // steady-clock seconds at start; duration
-  int decode_rows = 0;         // sequences that brought one token
+  int decode_rows = 0;         // sequences that brought one token (or a token and a draft)
+  int64_t draft_rows = 0;      // draft tokens verified
   int64_t prefill_rows = 0;    // tokens of sequences that brought more than one
   StepStats stats;
 };
@@ -154,6 +162,11 @@ class Scheduler {
   bool secure_kv(const Planned& p);
   void preempt(Request& victim);
   void fail(Request& r, std::string error);
+  // Speculative decoding: sets r.verify to the pending token and a prompt-lookup draft and
+  // returns the draft's length; after the step, adapts the draft length to what was accepted.
+  int64_t propose(Request& r);
+  void note_verified(Request& r, int64_t drafted, int64_t accepted);
+  void roll_back_unreported(Request& r);
 
   const Qwen35Model& network_;
   const ModelConfig& config_;
@@ -169,6 +182,7 @@ class Scheduler {
   std::deque<StepRecord> log_;   // GUARDED_BY(mu_)
   std::vector<Planned> plan_;    // scheduler thread only: reused every step
   std::vector<Request*> prefill_;
+  std::vector<int32_t> draft_;   // scheduler thread only
   IdleKv idle_kv_;                // GUARDED_BY(mu_)
   uint64_t kv_epoch_ = 0;         // GUARDED_BY(mu_): bumped whenever pages may have come free
   uint64_t plan_number_ = 0;      // scheduler thread only

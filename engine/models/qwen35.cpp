@@ -17,7 +17,8 @@ using Buf = std::vector<float>;
 struct Qwen35Model::Rows {
   std::span<const SeqStep> seqs;
   std::vector<int64_t> row0;        // first row of sequence i; row0[n] = total rows
-  std::vector<size_t> decode, multi;  // indices of sequences with T = 1 and T > 1
+  // Indices of sequences run in the decode form (T = 1, or sequential) and of prompt chunks.
+  std::vector<size_t> decode, multi;
   int64_t total() const { return row0.back(); }
 };
 
@@ -63,7 +64,9 @@ void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats)
   rows.decode.clear(), rows.multi.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     rows.row0[i + 1] = rows.row0[i] + seqs[i].T;
-    (seqs[i].T == 1 ? rows.decode : rows.multi).push_back(i);
+    (seqs[i].T == 1 || seqs[i].sequential ? rows.decode : rows.multi).push_back(i);
+    if (seqs[i].gdn_after && int64_t(seqs[i].gdn_after->size()) < seqs[i].T - 1)
+      seqs[i].gdn_after->resize(size_t(seqs[i].T - 1));
   }
   const int64_t R = rows.total();
   if (R == 0) return;
@@ -146,11 +149,14 @@ void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const flo
   for_each_sequence(pool_, rows.decode, rows.multi, [&](size_t i, ThreadPool* pool) {
     const SeqStep& s = rows.seqs[i];
     const int64_t r0 = rows.row0[i], n_kv = s.state->n_past + s.T;
-    if (s.T == 1) {  // decode: read K/V in place from the pages
+    if (s.T == 1 || s.sequential) {  // decode: read K/V in place from the pages, a token at a time
       thread_local std::vector<const uint8_t*> kp, vp;
-      s.state->kv->page_rows(slot, n_kv, kp, vp);
-      const ops::PagedKv view{kp.data(), vp.data(), page_tokens, kv_dim, s.state->dtype == CacheDtype::bf16};
-      ops::attention_paged(pool, q_all + r0 * qd, view, 1, n_kv, Hq, Hkv, D, scale, o_all + r0 * qd);
+      for (int64_t t = 0; t < s.T; ++t) {
+        const int64_t n = n_kv - s.T + 1 + t;  // this position and those before it
+        s.state->kv->page_rows(slot, n, kp, vp);
+        const ops::PagedKv view{kp.data(), vp.data(), page_tokens, kv_dim, s.state->dtype == CacheDtype::bf16};
+        ops::attention_paged(pool, q_all + (r0 + t) * qd, view, 1, n, Hq, Hkv, D, scale, o_all + (r0 + t) * qd);
+      }
       return;
     }
     thread_local Buf K, Vv;  // prefill: gather once, then T queries read contiguous f32 rows
@@ -205,13 +211,22 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
     const SeqStep& s = rows.seqs[i];
     const int64_t r0 = rows.row0[i];
     DeltaNetState& st = s.state->gdn[size_t(linear)];
-    if (s.T == 1) {  // decode: conv … gated norm fused, one parallel section (ops.h)
-      const ops::GdnDecodeArgs args{Hk, Hv, dk, dv, K, c_all + r0 * C, z_all + r0 * value_dim,
-                                    b_all + r0 * Hv, alpha_all + r0 * Hv, w.conv1d_taps.data(),
-                                    st.conv.data(), s.state->dtype == CacheDtype::bf16, w.A_log.data(),
-                                    w.dt_bias.data(), w.norm.data(), c_.rms_norm_eps, st.recurrent.data(),
-                                    o_all + r0 * value_dim};
-      ops::gated_delta_net_decode(pool, args);
+    if (s.T == 1 || s.sequential) {  // decode: conv … gated norm fused, one parallel section (ops.h)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const int64_t r = r0 + t;
+        const ops::GdnDecodeArgs args{Hk, Hv, dk, dv, K, c_all + r * C, z_all + r * value_dim,
+                                      b_all + r * Hv, alpha_all + r * Hv, w.conv1d_taps.data(),
+                                      st.conv.data(), s.state->dtype == CacheDtype::bf16, w.A_log.data(),
+                                      w.dt_bias.data(), w.norm.data(), c_.rms_norm_eps, st.recurrent.data(),
+                                      o_all + r * value_dim};
+        ops::gated_delta_net_decode(pool, args);
+        if (s.gdn_after && t + 1 < s.T) {  // copies reuse the entries' capacity: no allocation after the first
+          std::vector<DeltaNetState>& after = (*s.gdn_after)[size_t(t)];
+          if (after.size() != s.state->gdn.size()) after.resize(s.state->gdn.size());
+          after[size_t(linear)].conv = st.conv;
+          after[size_t(linear)].recurrent = st.recurrent;
+        }
+      }
       return;
     }
     const float* chs = ch_all + r0 * C;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "engine/cache/sequence_state.h"
 #include "engine/config.h"
@@ -33,6 +34,12 @@ struct SeqStep {
   SequenceState* state = nullptr;   // KV for the T positions must be reserved
   LogitRows logits = LogitRows::last;
   float* out = nullptr;             // [T][V] (all) or [V] (last); unused for none
+  // Verifying a speculative draft: the T tokens run one after another in the decode form (paged
+  // attention, recurrent GDN step), so every position's logits equal those of a plain decode step
+  // bit for bit. gdn_after, when set, receives the GDN states after positions 0 .. T−2
+  // ([T−1][n_linear], grown as needed): a draft rejected at position p rolls back to entry p.
+  bool sequential = false;
+  std::vector<std::vector<DeltaNetState>>* gdn_after = nullptr;
 };
 
 // What one step did, for the batch bench.

@@ -246,6 +246,9 @@ void add_sampling_args(CLI::App* sub, GenerateOptions& g) {
   sub->add_option("--presence-penalty", g.sampling.presence_penalty, "Subtracted from generated tokens' logits")
       ->check(finite);
   sub->add_option("--seed", g.sampling.seed, "Sampling seed");
+  sub->add_option("--draft-tokens", g.speculative.draft_tokens,
+                  "Prompt-lookup speculative decoding: most draft tokens verified per step (0: off; same output)")
+      ->check(CLI::Range(0, 16));
 }
 
 void add_generate(CLI::App& engine, Context& ctx) {
@@ -295,7 +298,11 @@ void add_generate(CLI::App& engine, Context& ctx) {
     if (tokenizer) ctx.out << "\n";
     if (!r) return void(fail(ctx, "generate", r.error()));
     ctx.err << "generated " << r->tokens.size() << " tokens, stopped by "
-            << (r->reason == GenerateResult::Reason::stop_token ? "a stop token" : "the token budget") << "\n";
+            << (r->reason == GenerateResult::Reason::stop_token ? "a stop token" : "the token budget");
+    if (r->draft_tokens > 0)
+      ctx.err << "; " << r->steps << " steps, " << r->draft_accepted << " of " << r->draft_tokens
+              << " draft tokens accepted";
+    ctx.err << "\n";
   });
 }
 

@@ -1,0 +1,230 @@
+// Prompt-lookup speculative decoding: drafting finds the right continuation, and generating with
+// drafts gives the same tokens, history, logits and GDN/KV state as without them, greedy or
+// sampled, when a stop token or the budget lands inside a draft, and when the callback stops
+// inside an accepted run (the unreported tokens leave the history).
+#include <optional>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "engine/prompt_lookup.h"
+#include "test_math.h"
+#include "test_models.h"
+
+namespace kiln::engine {
+namespace {
+
+using testing::make_model;
+using testing::random_tokens;
+
+std::vector<int32_t> draft_of(std::vector<int32_t> history, int32_t next, int64_t max_tokens,
+                              SpeculativeOptions o = {4, 2, 4}) {
+  std::vector<int32_t> d{99};  // cleared first
+  propose_draft(history, next, o, max_tokens, d);
+  return d;
+}
+
+TEST(PromptLookup, ProposesWhatFollowedTheLatestLongestMatch) {
+  // "5 6" recurs twice; the later occurrence (followed by 9 9) wins over the earlier (7 8).
+  EXPECT_EQ(draft_of({5, 6, 7, 8, 1, 5, 6, 9, 9, 2, 5}, 6, 4), (std::vector<int32_t>{9, 9, 2, 5}));
+  // The longest recurring suffix wins even when a shorter one recurs later: "3 5 6" → 7.
+  EXPECT_EQ(draft_of({3, 5, 6, 7, 4, 5, 6, 8, 3, 5}, 6, 1), (std::vector<int32_t>{7}));
+  // The continuation stops at the end of the text (it may run into the suffix itself).
+  EXPECT_EQ(draft_of({1, 2, 1}, 2, 8), (std::vector<int32_t>{1, 2}));
+  // Nothing recurs, or only one token when two must match: no draft.
+  EXPECT_TRUE(draft_of({1, 2, 3, 4}, 5, 4).empty());
+  EXPECT_TRUE(draft_of({1, 2, 3, 4}, 1, 4).empty());
+  EXPECT_EQ(draft_of({1, 2, 3, 4}, 1, 4, {4, 1, 3}), (std::vector<int32_t>{2, 3, 4, 1}));
+  // Off, no room, or a match only outside the window: nothing.
+  EXPECT_TRUE(draft_of({5, 6, 7, 5}, 6, 4, {0, 2, 4}).empty());
+  EXPECT_TRUE(draft_of({5, 6, 7, 5}, 6, 0).empty());
+  std::vector<int32_t> d;
+  propose_draft(std::vector<int32_t>{5, 6, 7, 0, 0, 0, 5}, 6, {4, 2, 4}, 4, d, /*window=*/4);
+  EXPECT_TRUE(d.empty());
+  propose_draft(std::vector<int32_t>{5, 6, 7, 0, 0, 0, 5}, 6, {4, 2, 4}, 4, d, /*window=*/8);
+  EXPECT_EQ(d, (std::vector<int32_t>{7, 0, 0, 0}));
+  // An empty history: nothing to match.
+  EXPECT_TRUE(draft_of({}, 3, 4).empty());
+}
+
+// A tiny model whose greedy output falls into repeating runs, so that drafts are both accepted
+// and rejected: a small vocabulary, and the first weight seed whose greedy continuation of the
+// prompt repeats itself (most random models wander; about one seed in three loops).
+struct Fixture {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> prompt;
+};
+
+int64_t accepted_drafts(Model& m, const std::vector<int32_t>& prompt) {
+  auto s = m.open_session();
+  if (!s.ok() || !(*s)->append(prompt).ok()) return 0;
+  GenerateOptions g;
+  g.max_tokens = 60;
+  g.speculative.draft_tokens = 4;
+  auto r = (*s)->generate(g);
+  return r.ok() ? r->draft_accepted : 0;
+}
+
+Fixture load(bool moe, std::optional<cpu::WeightFormat> weights, CacheDtype cache) {
+  Fixture f;
+  f.prompt = random_tokens(40, 24, 17);
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    TinyModelOptions t;
+    t.moe = moe;
+    t.vocab = 24;
+    t.tokenizer = false;
+    t.seed = seed;
+    if (weights) t.hidden = 128;  // whole q8 blocks
+    EngineOptions o;
+    o.threads = 2;
+    o.weights = weights;
+    o.weight_cache = false;
+    o.cache_dtype = cache;
+    std::string suffix = ".";  // (appended: GCC 12's -Wrestrict misreads "." + to_string)
+    suffix += std::to_string(seed);
+    auto m = Model::load(make_model(t, suffix), o);
+    EXPECT_TRUE(m.ok()) << m.error();
+    if (!m.ok()) return f;
+    if (accepted_drafts(**m, f.prompt) >= 10) {
+      f.model = std::move(*m);
+      return f;
+    }
+  }
+  ADD_FAILURE() << "no weight seed in 1..24 gave a greedy continuation that repeats itself";
+  return f;
+}
+
+struct Outcome {
+  GenerateResult result;
+  std::vector<int32_t> history;
+  std::vector<float> last_logits;
+  std::vector<float> after;  // logits of a 3-token append afterwards: the caches must agree too
+};
+
+// Generates with `opts` after the prompt, stopping the callback after `stop_after` tokens (0: never).
+Outcome run(Model& m, const std::vector<int32_t>& prompt, GenerateOptions opts, int draft, size_t stop_after = 0) {
+  opts.speculative.draft_tokens = draft;
+  auto s = m.open_session();
+  EXPECT_TRUE(s.ok());
+  EXPECT_TRUE((*s)->append(prompt).ok());
+  size_t seen = 0;
+  auto r = (*s)->generate(opts, [&](int32_t) { return stop_after == 0 || ++seen < stop_after; });
+  EXPECT_TRUE(r.ok()) << r.error();
+  Outcome out;
+  out.result = *r;
+  out.history = (*s)->tokens();
+  out.last_logits.assign((*s)->last_logits().begin(), (*s)->last_logits().end());
+  auto a = (*s)->append(std::vector<int32_t>{3, 1, 4});
+  EXPECT_TRUE(a.ok());
+  out.after = *a;
+  return out;
+}
+
+void expect_same(const Outcome& plain, const Outcome& spec, const std::string& what) {
+  EXPECT_EQ(plain.result.tokens, spec.result.tokens) << what;
+  EXPECT_EQ(plain.result.reason, spec.result.reason) << what;
+  EXPECT_EQ(plain.history, spec.history) << what;
+  EXPECT_TRUE(plain.last_logits == spec.last_logits) << what << ": last logits differ";
+  EXPECT_TRUE(plain.after == spec.after) << what << ": the caches differ (logits of a later append)";
+}
+
+struct Case {
+  const char* name;
+  bool moe;
+  std::optional<cpu::WeightFormat> weights;
+  CacheDtype cache;
+};
+
+class Speculative : public ::testing::TestWithParam<int> {};
+
+const Case kCases[] = {{"moe_bf16", true, std::nullopt, CacheDtype::f32},
+                       {"dense_bf16", false, std::nullopt, CacheDtype::f32},
+                       {"moe_q8_bf16_cache", true, cpu::WeightFormat::q8, CacheDtype::bf16}};
+
+TEST_P(Speculative, SameTokensHistoryAndStateAsPlainDecoding) {
+  const Case& c = kCases[GetParam()];
+  Fixture f = load(c.moe, c.weights, c.cache);
+  ASSERT_TRUE(f.model);
+  Model& m = *f.model;
+  int64_t drafted = 0, accepted = 0;
+  for (int sampled = 0; sampled < 2; ++sampled) {
+    GenerateOptions g;
+    g.max_tokens = 120;
+    if (sampled) {
+      g.sampling.temperature = 0.8f;
+      g.sampling.top_k = 8;
+      g.sampling.presence_penalty = 0.3f;
+      g.sampling.seed = 42;
+    }
+    const Outcome plain = run(m, f.prompt, g, 0);
+    EXPECT_EQ(plain.result.draft_tokens, 0);
+    EXPECT_EQ(plain.result.steps, 120);
+    for (int draft : {1, 3, 6}) {
+      const Outcome spec = run(m, f.prompt, g, draft);
+      expect_same(plain, spec, std::string(c.name) + (sampled ? " sampled" : " greedy") + " draft " +
+                                   std::to_string(draft));
+      drafted += spec.result.draft_tokens, accepted += spec.result.draft_accepted;
+      // Each accepted draft token saved a step.
+      EXPECT_EQ(spec.result.steps + spec.result.draft_accepted, 120);
+    }
+  }
+  // Both outcomes were exercised: drafts accepted and drafts rejected.
+  std::printf("[ info ] %s: %lld of %lld draft tokens accepted\n", c.name, static_cast<long long>(accepted),
+              static_cast<long long>(drafted));
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
+// A stop token or the token budget inside a verified draft ends generation at the same token, with
+// the rest of the draft out of the history.
+TEST_P(Speculative, StopTokenAndBudgetInsideADraft) {
+  const Case& c = kCases[GetParam()];
+  Fixture f = load(c.moe, c.weights, c.cache);
+  ASSERT_TRUE(f.model);
+  Model& m = *f.model;
+  GenerateOptions g;
+  g.max_tokens = 80;
+  const Outcome free_run = run(m, f.prompt, g, 0);
+  int checked = 0;
+  for (size_t at : {size_t(10), size_t(25), size_t(50), size_t(70)}) {
+    GenerateOptions stop = g;
+    stop.stop = {free_run.result.tokens[at]};
+    const Outcome plain = run(m, f.prompt, stop, 0);
+    EXPECT_EQ(plain.result.reason, GenerateResult::Reason::stop_token);
+    expect_same(plain, run(m, f.prompt, stop, 4), std::string(c.name) + " stop token " + std::to_string(at));
+    ++checked;
+  }
+  for (int64_t budget : {1, 2, 7, 33, 61}) {
+    GenerateOptions b = g;
+    b.max_tokens = budget;
+    expect_same(run(m, f.prompt, b, 0), run(m, f.prompt, b, 5), std::string(c.name) + " budget " + std::to_string(budget));
+  }
+  EXPECT_EQ(checked, 4);
+}
+
+// The callback returning false after token k: that token is the last in the history, whether it
+// came from a plain step or from the middle of an accepted draft (then rolled back to its state).
+TEST_P(Speculative, CallbackStopInsideAnAcceptedRunRollsBack) {
+  const Case& c = kCases[GetParam()];
+  Fixture f = load(c.moe, c.weights, c.cache);
+  ASSERT_TRUE(f.model);
+  Model& m = *f.model;
+  GenerateOptions g;
+  g.max_tokens = 100;
+  const Outcome spec_free = run(m, f.prompt, g, 4);
+  ASSERT_GT(spec_free.result.draft_accepted, 0) << "no draft was accepted: nothing to roll back";
+  for (size_t k = 1; k < 100; ++k) {
+    const Outcome plain = run(m, f.prompt, g, 0, k);
+    const Outcome spec = run(m, f.prompt, g, 4, k);
+    EXPECT_EQ(plain.result.reason, GenerateResult::Reason::callback);
+    EXPECT_EQ(plain.result.tokens.size(), k);
+    expect_same(plain, spec, std::string(c.name) + " callback stops after " + std::to_string(k));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Speculative, ::testing::Range(0, 3),
+                         [](const auto& info) { return std::string(kCases[info.param].name); });
+
+}  // namespace
+}  // namespace kiln::engine
