@@ -1,6 +1,7 @@
 #include "engine/prompt_lookup.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kiln::engine {
 
@@ -24,6 +25,19 @@ void propose_draft(std::span<const int32_t> history, int32_t next, const Specula
       return;
     }
   }
+}
+
+int64_t draft_length(double acceptance, double tokens, int64_t rows, int64_t available,
+                     const std::function<double(int64_t)>& cost, double* expected) {
+  double best = tokens / cost(rows), sum = 0, best_sum = 0;
+  int64_t best_k = 0;
+  for (int64_t k = 1; k <= available; ++k) {
+    sum += std::pow(acceptance, double(k));
+    const double v = (tokens + sum) / cost(rows + k);
+    if (v > best) best = v, best_k = k, best_sum = sum;
+  }
+  if (expected) *expected = best_sum;
+  return best_k;
 }
 
 }  // namespace kiln::engine

@@ -80,6 +80,7 @@ struct Scheduler::Request {
 
 Scheduler::Scheduler(const Qwen35Model& network, const ModelConfig& config, int64_t prefill_chunk)
     : network_(network), config_(config), prefill_chunk_(std::max<int64_t>(1, prefill_chunk)),
+      row_cost_prior_(config.is_moe ? 0.6 : 0.15),
       thread_([this] { run(); }) {}
 
 Scheduler::~Scheduler() {
@@ -293,21 +294,84 @@ void Scheduler::roll_back_unreported(Request& r) {
   r.forwarded = r.acked;
 }
 
-int64_t Scheduler::propose(Request& r) {
-  r.verify.assign(1, r.result.tokens[r.forwarded]);
-  const SpeculativeOptions& o = r.options->speculative;
-  if (o.draft_tokens <= 0 || r.stopped) return 0;
-  const Sequence& seq = *r.seq;
-  // The step's own token counts against max_tokens and the context as well.
-  const int64_t room = std::min({int64_t(o.draft_tokens), r.options->max_tokens - int64_t(r.forwarded) - 1,
-                                 config_.max_position_embeddings - seq.state.n_past - 1});
-  if (room <= 0) return 0;
-  propose_draft(seq.tokens, r.verify[0], o, room, draft_);
-  r.verify.insert(r.verify.end(), draft_.begin(), draft_.end());
-  return int64_t(draft_.size());
+// Speculative decoding pays when the tokens it is expected to add outweigh the time its extra
+// rows add to the step (for a MoE, each draft token reads experts of its own: on a CPU one costs
+// ~0.6 of a one-token step). For each generating request, in plan order, the draft length (up to
+// what prompt lookup proposes) maximises the step's expected tokens per unit of time
+// (draft_length), with the session's acceptance estimate and draft_row_cost().
+void Scheduler::plan_drafts(std::vector<Planned>& plan) {
+  int64_t plain_rows = 0;
+  double tokens = 0;
+  for (const Planned& p : plan) {
+    plain_rows += p.T;
+    tokens += p.request->is_generate && !p.restore ? 1 : 0;
+  }
+  const double per_row = draft_row_cost(plain_rows);
+  const auto cost = [&](int64_t rows) { return 1 + per_row * double(rows - plain_rows); };
+  int64_t rows = plain_rows;
+  for (Planned& p : plan) {
+    Request& r = *p.request;
+    if (!r.is_generate || p.restore) continue;
+    const SpeculativeOptions& o = r.options->speculative;
+    if (o.draft_tokens <= 0 || r.stopped) continue;
+    const Sequence& seq = *r.seq;
+    // The step's own token counts against max_tokens and the context as well.
+    const int64_t room = std::min({int64_t(o.draft_tokens), r.options->max_tokens - int64_t(r.forwarded) - 1,
+                                   config_.max_position_embeddings - seq.state.n_past - 1});
+    if (room <= 0) continue;
+    propose_draft(seq.tokens, r.verify[0], o, room, draft_);
+    if (draft_.empty()) continue;
+    const double q = seq.draft_acceptance;
+    double gain = double(draft_.size());
+    const int64_t k = o.adaptive ? draft_length(q, tokens, rows, int64_t(draft_.size()), cost, &gain)
+                                 : int64_t(draft_.size());
+    if (k == 0) {  // not worth it now; drift back so that the session is tried again later
+      r.seq->draft_acceptance += kAcceptanceDrift * (kAcceptancePrior - q);
+      continue;
+    }
+    r.verify.insert(r.verify.end(), draft_.begin(), draft_.begin() + k);
+    p.T = 1 + k;
+    rows += k;
+    tokens += gain;
+  }
 }
 
-void Scheduler::note_verified(Request&, int64_t, int64_t) {}
+// Per draft position up to the first rejection: accepted positions count 1, the rejected one 0.
+void Scheduler::note_verified(Request& r, int64_t drafted, int64_t accepted) {
+  double& q = r.seq->draft_acceptance;
+  for (int64_t i = 0; i < accepted; ++i) q += kAcceptanceRate * (1 - q);
+  if (accepted < drafted) q += kAcceptanceRate * (0 - q);
+}
+
+// A draft row's cost as a fraction of a step of `plain_rows` rows: learned per bucket of step
+// size (1, 2, 3–4, 5–8, 9–16, 17+ rows) from decode steps that carried drafts, against the recent
+// plain decode steps of the same size; before that, the prior c / rows (a row's share of a step
+// shrinks as the step grows: in a batch most experts are read anyway).
+namespace {
+size_t size_bucket(int64_t rows) { return rows <= 1 ? 0 : rows <= 2 ? 1 : rows <= 4 ? 2 : rows <= 8 ? 3 : rows <= 16 ? 4 : 5; }
+}  // namespace
+
+double Scheduler::draft_row_cost(int64_t plain_rows) const {
+  const double learned = draft_row_cost_[size_bucket(plain_rows)];
+  return learned > 0 ? learned : row_cost_prior_ / double(std::max<int64_t>(1, plain_rows));
+}
+
+// Decode-only steps teach the cost model: plain ones their duration by size, those with drafts
+// the extra a draft row took. A sample is clamped to twice the prior, so one slow step (the first
+// to touch memory-mapped experts) cannot stop drafting for good.
+void Scheduler::note_step_time(int64_t plain_rows, int64_t draft_rows, double ms) {
+  if (plain_rows < 1 || plain_rows >= int64_t(plain_ms_by_rows_.size())) return;
+  double& plain = plain_ms_by_rows_[size_t(plain_rows)];
+  if (draft_rows == 0) {
+    plain = plain > 0 ? plain + 0.1 * (ms - plain) : ms;
+    return;
+  }
+  if (plain <= 0) return;
+  const double prior = row_cost_prior_ / double(plain_rows);
+  const double sample = std::clamp((ms / plain - 1) / double(draft_rows), 0.0, 2 * prior);
+  double& learned = draft_row_cost_[size_bucket(plain_rows)];
+  learned = (learned > 0 ? learned : prior) + 0.2 * (sample - (learned > 0 ? learned : prior));
+}
 
 const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   std::vector<Planned>& plan = plan_;
@@ -338,7 +402,8 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
                      std::to_string(config_.max_position_embeddings));
         continue;
       }
-      plan.push_back({r, 1 + propose(*r), false});
+      r->verify.assign(1, r->result.tokens[r->forwarded]);
+      plan.push_back({r, 1, false});  // drafts are added below, once the step's size is known
     } else if (gap > 0 || r->remaining() > 1) {
       prefill.push_back(r);
     } else if (r->remaining() == 1) {
@@ -360,6 +425,7 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
     plan.push_back({r, T, restore});
     used += T;
   }
+  plan_drafts(plan);
   if (config_.n_full_layers() > 0) {  // KV for every planned step, highest rank first
     std::vector<size_t> ranked(plan.size());
     for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = i;
@@ -443,6 +509,7 @@ void Scheduler::run() {
     rec.ms = (now_s() - rec.start_s) * 1e3;
     lock.lock();
     last_end = std::chrono::steady_clock::now();
+    if (rec.prefill_rows == 0) note_step_time(rec.decode_rows, rec.draft_rows, rec.ms);
     finish_step(plan);
     log_.push_back(rec);
     if (log_.size() > kStepLogSize) log_.pop_front();

@@ -33,6 +33,7 @@
 // No lock is held while the forward pass or a callback runs.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -73,6 +74,10 @@ struct GenerateResult {
   int64_t draft_accepted = 0;  // of which the model's own choice (each saved a step)
 };
 
+inline constexpr double kAcceptancePrior = 0.8;  // drafts come from text that recurred
+inline constexpr double kAcceptanceRate = 0.2;   // weight of each verified position
+inline constexpr double kAcceptanceDrift = 0.02; // per step a draft was found but not tried
+
 // What the scheduler reads and writes of one session.
 struct Sequence {
   SequenceState state;
@@ -85,6 +90,9 @@ struct Sequence {
   // History positions re-prefilled because the KV pages were taken (idle reclaim or preemption).
   // Positions [state.n_past, tokens.size()) are such a gap until the scheduler restores them.
   int64_t rebuilt_tokens = 0;
+  // Speculative decoding: the estimated chance that a draft token is accepted (a moving average
+  // over verified positions; it drifts back to the prior while drafts are not tried).
+  double draft_acceptance = kAcceptancePrior;
 };
 
 // One finished step, for benches (Scheduler::step_log).
@@ -162,10 +170,12 @@ class Scheduler {
   bool secure_kv(const Planned& p);
   void preempt(Request& victim);
   void fail(Request& r, std::string error);
-  // Speculative decoding: sets r.verify to the pending token and a prompt-lookup draft and
-  // returns the draft's length; after the step, adapts the draft length to what was accepted.
-  int64_t propose(Request& r);
+  // Speculative decoding: adds prompt-lookup drafts to the planned generate steps where they are
+  // expected to pay (see scheduler.cpp), learns from each verification, undoes unreported tokens.
+  void plan_drafts(std::vector<Planned>& plan);
   void note_verified(Request& r, int64_t drafted, int64_t accepted);
+  double draft_row_cost(int64_t plain_rows) const;
+  void note_step_time(int64_t plain_rows, int64_t draft_rows, double ms);
   void roll_back_unreported(Request& r);
 
   const Qwen35Model& network_;
@@ -183,6 +193,12 @@ class Scheduler {
   std::vector<Planned> plan_;    // scheduler thread only: reused every step
   std::vector<Request*> prefill_;
   std::vector<int32_t> draft_;   // scheduler thread only
+  // The draft cost model (scheduler thread only): plain decode-only step durations by rows (0:
+  // none yet), a draft row's learned cost per step-size bucket (0: none yet), and the prior
+  // for a one-row step (a MoE's draft tokens read experts of their own).
+  std::array<double, 65> plain_ms_by_rows_{};
+  std::array<double, 6> draft_row_cost_{};
+  const double row_cost_prior_;
   IdleKv idle_kv_;                // GUARDED_BY(mu_)
   uint64_t kv_epoch_ = 0;         // GUARDED_BY(mu_): bumped whenever pages may have come free
   uint64_t plan_number_ = 0;      // scheduler thread only

@@ -38,6 +38,49 @@ uint64_t state_bytes(const Model& m, int64_t n_ctx) {
   return gdn + kv;
 }
 
+// Steps of a token and k = 0..max_draft draft tokens, run as the scheduler runs a verification
+// (sequential: each position in the decode form, GDN states saved for rollback) at the end of the
+// prompt; the sequence is set back after each step so every step sees the same context.
+Result<std::vector<VerifyCost>> verify_costs(Model& m, const std::vector<int32_t>& prompt, int max_draft, int runs) {
+  const int64_t V = m.config().vocab_size;
+  SequenceState st;
+  st.dtype = m.options().cache_dtype;
+  st.kv = std::make_unique<SequenceKv>(m.kv_pool());
+  m.network().init_state(st);
+  const int64_t T_max = 1 + max_draft;
+  if (Status s = st.kv->reserve(int64_t(prompt.size()) + T_max); !s)
+    return make_error("bench: " + s.error());
+  std::vector<float> logits(size_t(T_max * V));
+  m.network().forward(prompt.data(), int64_t(prompt.size()), st, false, logits.data());
+  std::vector<std::vector<DeltaNetState>> saved;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
+  std::vector<VerifyCost> out;
+  for (int k = 0; k <= max_draft; ++k) {
+    const int64_t T = 1 + k;
+    std::vector<double> ms;
+    int64_t experts = 0, moe_layers = 0;
+    for (int run = 0; run < std::max(runs, 1) * 16; ++run) {
+      std::vector<int32_t> tokens(static_cast<size_t>(T));
+      for (auto& t : tokens) t = tok(rng);
+      const SeqStep step{tokens.data(), T, &st, LogitRows::all, logits.data(), T > 1, &saved};
+      StepStats stats;
+      const double a = now_s();
+      m.network().forward_batch(std::span<const SeqStep>(&step, 1), &stats);
+      ms.push_back((now_s() - a) * 1e3);
+      st.n_past -= T;
+      experts += stats.experts_read, moe_layers += stats.moe_layers;
+    }
+    VerifyCost c;
+    c.draft_tokens = k;
+    c.step_ms = median(ms);
+    c.vs_decode = out.empty() ? 1.0 : c.step_ms / out[0].step_ms;
+    c.experts_per_layer = moe_layers > 0 ? double(experts) / double(moe_layers) : 0;
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
@@ -96,6 +139,11 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
     }
     decode.push_back(double(o.gen_tokens) / (now_s() - a));
   }
+  if (o.draft_tokens > 0) {
+    auto v = verify_costs(m, prompt, o.draft_tokens, o.runs);
+    if (!v) return make_error(v.error());
+    r.verify = std::move(*v);
+  }
   r.prefill_tok_s = median(prefill);
   r.decode_tok_s = median(decode);
   r.decode_runs_tok_s = decode;
@@ -124,6 +172,14 @@ std::string SpeedBenchReport::to_json() const {
                    {"achieved_gb_s", achieved_gb_s},
                    {"measured_gb_s", measured_gb_s},
                    {"bandwidth_fraction", bandwidth_fraction}};
+  if (!verify.empty()) {
+    j["verify"] = nlohmann::json::array();
+    for (const VerifyCost& c : verify)
+      j["verify"].push_back({{"draft_tokens", c.draft_tokens},
+                             {"step_ms", c.step_ms},
+                             {"vs_decode", c.vs_decode},
+                             {"experts_per_layer", c.experts_per_layer}});
+  }
   return j.dump();
 }
 
@@ -139,7 +195,19 @@ std::string SpeedBenchReport::to_table() const {
       cache_dtype.c_str(), threads, prefill_tok_s, decode_tok_s, bytes_per_token / 1e6,
       weight_bytes_per_token / 1e6, state_bytes_per_token / 1e6, achieved_gb_s, measured_gb_s,
       100 * bandwidth_fraction);
-  return buf;
+  std::string out = buf;
+  if (verify.empty()) return out;
+  // A step that forwards 1 + k tokens yields 1 + (accepted drafts) tokens: it pays off when more
+  // than vs_decode − 1 drafts are accepted per step on average.
+  out += "\nSpeculative verification at the end of the prompt (a token + k draft tokens per step):\n\n"
+         "| draft tokens | step ms | × decode step | experts/layer | break-even accepted per step |\n"
+         "|---:|---:|---:|---:|---:|\n";
+  for (const VerifyCost& c : verify) {
+    std::snprintf(buf, sizeof buf, "| %d | %.2f | %.2f | %.1f | %.2f |\n", c.draft_tokens, c.step_ms, c.vs_decode,
+                  c.experts_per_layer, c.vs_decode - 1);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace kiln::engine

@@ -26,6 +26,17 @@ struct SpeedBenchOptions {
   uint64_t seed = 1;          // prompt token ids are drawn from it
   bool progress = false;      // quantization progress bar on stderr
   size_t bandwidth_buffer_bytes = size_t{1} << 30;  // the read-bandwidth probe's buffer (≫ caches)
+  // > 0: also time speculative verification steps (a token and 1..draft_tokens draft tokens, in
+  // the decode form) at the end of the prompt, against a plain decode step.
+  int draft_tokens = 0;
+};
+
+// One row of the verification cost: a step that forwards a token and `draft_tokens` drafts.
+struct VerifyCost {
+  int draft_tokens = 0;
+  double step_ms = 0;            // median over runs × 16 steps
+  double vs_decode = 0;          // step_ms / the plain decode step's
+  double experts_per_layer = 0;  // distinct routed experts read per MoE layer
 };
 
 struct SpeedBenchReport {
@@ -43,6 +54,7 @@ struct SpeedBenchReport {
   double achieved_gb_s = 0;             // bytes_per_token × decode_tok_s
   double measured_gb_s = 0;             // read bandwidth, same thread count
   double bandwidth_fraction = 0;
+  std::vector<VerifyCost> verify;      // row 0: the plain decode step (draft_tokens 0)
 
   std::string to_json() const;   // one object with the keys above
   std::string to_table() const;  // a markdown table

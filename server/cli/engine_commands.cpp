@@ -289,6 +289,7 @@ void add_generate(CLI::App& engine, Context& ctx) {
     if (!s) return void(fail(ctx, "generate", s.error()));
     auto p = (*s)->append(ids);
     if (!p) return void(fail(ctx, "generate", p.error()));
+    const auto started = std::chrono::steady_clock::now();
     auto r = (*s)->generate(g, [&](int32_t tok) {
       // Stream as sampled: the token's bytes with --prompt, else one id per line.
       if (tokenizer) ctx.out << tokenizer->token_bytes(tok) << std::flush;
@@ -297,7 +298,10 @@ void add_generate(CLI::App& engine, Context& ctx) {
     });
     if (tokenizer) ctx.out << "\n";
     if (!r) return void(fail(ctx, "generate", r.error()));
-    ctx.err << "generated " << r->tokens.size() << " tokens, stopped by "
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char rate[64];
+    std::snprintf(rate, sizeof rate, " in %.2f s (%.1f tokens/s)", seconds, double(r->tokens.size()) / seconds);
+    ctx.err << "generated " << r->tokens.size() << " tokens" << rate << ", stopped by "
             << (r->reason == GenerateResult::Reason::stop_token ? "a stop token" : "the token budget");
     if (r->draft_tokens > 0)
       ctx.err << "; " << r->steps << " steps, " << r->draft_accepted << " of " << r->draft_tokens
@@ -354,6 +358,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
     bool json = false;
     std::string sessions;  // non-empty: the batching bench (engine/batch_bench.h)
     int64_t prefill_chunk = 512, fairness_prompt = 4096;
+    int draft_tokens = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = engine.add_subcommand(
@@ -368,6 +373,9 @@ void add_bench(CLI::App& engine, Context& ctx) {
   sub->add_option("--prefill-chunk", a->prefill_chunk, "With --sessions: prefill tokens per scheduler step");
   sub->add_option("--fairness-prompt", a->fairness_prompt,
                   "With --sessions: prefill admitted while 4 sessions decode (0: skip)");
+  sub->add_option("--draft-tokens", a->draft_tokens,
+                  "Also time speculative verification steps of a token and 1..N draft tokens")
+      ->check(CLI::Range(0, 16));
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->callback([&ctx, a] {
     auto common = [&](auto& o) {  // the options both benches share
@@ -404,6 +412,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
     SpeedBenchOptions o;
     common(o);
     o.runs = a->runs;
+    o.draft_tokens = a->draft_tokens;
     auto r = run_speed_bench(o);
     if (!r) return void(fail(ctx, "bench", r.error()));
     if (a->json) ctx.out << r->to_json() << "\n";

@@ -48,6 +48,34 @@ TEST(PromptLookup, ProposesWhatFollowedTheLatestLongestMatch) {
   EXPECT_TRUE(draft_of({}, 3, 4).empty());
 }
 
+// The draft length is what maximises expected tokens per unit of time.
+TEST(PromptLookup, DraftLengthPaysOnlyWhenExpectedTokensOutweighTheCost) {
+  const auto moe_cpu = [](int64_t n) { return 1 + 0.6 * double(n - 1); };  // each row reads its own experts
+  const auto dense = [](int64_t n) { return 1 + 0.05 * double(n - 1); };   // weights read once per step
+  const auto flat = [](int64_t) { return 1.0; };
+  // One session, MoE on a CPU: a coin-flip draft costs more than it brings.
+  EXPECT_EQ(draft_length(0.5, 1, 1, 8, moe_cpu), 0);
+  // (1 + 0.95) / 1.6 > 1: worth one token; at 0.95 more tokens pay more.
+  const int64_t likely = draft_length(0.95, 1, 1, 8, moe_cpu);
+  EXPECT_GE(likely, 2);
+  EXPECT_GE(draft_length(0.99, 1, 1, 8, moe_cpu), likely);
+  // Only what was proposed.
+  EXPECT_EQ(draft_length(0.99, 1, 1, 0, moe_cpu), 0);
+  EXPECT_LE(draft_length(0.99, 1, 1, 2, moe_cpu), 2);
+  // Cheap rows (a dense model): even a coin-flip draft pays, and a free one is taken whole.
+  EXPECT_GE(draft_length(0.5, 1, 1, 8, dense), 1);
+  EXPECT_EQ(draft_length(0.3, 1, 1, 5, flat), 5);
+  // In a busy step a row adds little (16 decoding sessions already read most experts): the draft
+  // refused alone pays there, while a hopeless one still does not (it slows all 16).
+  const auto saturating = [](int64_t n) { return double(n) / (1 + 0.1 * double(n)); };
+  EXPECT_GE(draft_length(0.5, 16, 16, 4, saturating), 1);
+  EXPECT_EQ(draft_length(0.01, 16, 16, 4, saturating), 0);
+  double expected = 0;
+  const int64_t k = draft_length(0.9, 1, 1, 3, dense, &expected);
+  EXPECT_EQ(k, 3);
+  EXPECT_NEAR(expected, 0.9 + 0.81 + 0.729, 1e-9);
+}
+
 // A tiny model whose greedy output falls into repeating runs, so that drafts are both accepted
 // and rejected: a small vocabulary, and the first weight seed whose greedy continuation of the
 // prompt repeats itself (most random models wander; about one seed in three loops).
@@ -62,6 +90,7 @@ int64_t accepted_drafts(Model& m, const std::vector<int32_t>& prompt) {
   GenerateOptions g;
   g.max_tokens = 60;
   g.speculative.draft_tokens = 4;
+  g.speculative.adaptive = false;
   auto r = (*s)->generate(g);
   return r.ok() ? r->draft_accepted : 0;
 }
@@ -103,8 +132,11 @@ struct Outcome {
 };
 
 // Generates with `opts` after the prompt, stopping the callback after `stop_after` tokens (0: never).
-Outcome run(Model& m, const std::vector<int32_t>& prompt, GenerateOptions opts, int draft, size_t stop_after = 0) {
+// adaptive = false verifies every draft whole, so which drafts run does not depend on timing.
+Outcome run(Model& m, const std::vector<int32_t>& prompt, GenerateOptions opts, int draft, size_t stop_after = 0,
+            bool adaptive = false) {
   opts.speculative.draft_tokens = draft;
+  opts.speculative.adaptive = adaptive;
   auto s = m.open_session();
   EXPECT_TRUE(s.ok());
   EXPECT_TRUE((*s)->append(prompt).ok());
@@ -168,6 +200,11 @@ TEST_P(Speculative, SameTokensHistoryAndStateAsPlainDecoding) {
       // Each accepted draft token saved a step.
       EXPECT_EQ(spec.result.steps + spec.result.draft_accepted, 120);
     }
+    // The adaptive policy verifies what it expects to pay (it depends on measured step times):
+    // whatever it chose, the output is the same.
+    const Outcome adaptive = run(m, f.prompt, g, 4, 0, true);
+    expect_same(plain, adaptive, std::string(c.name) + " adaptive");
+    EXPECT_EQ(adaptive.result.steps + adaptive.result.draft_accepted, 120);
   }
   // Both outcomes were exercised: drafts accepted and drafts rejected.
   std::printf("[ info ] %s: %lld of %lld draft tokens accepted\n", c.name, static_cast<long long>(accepted),

@@ -62,5 +62,38 @@ TEST(SpeedBench, ReportsTheIssueFiguresAndHonoursTheCacheDtype) {
   EXPECT_NE(bf16->to_table().find("| q8 | bf16 | 2 |"), std::string::npos) << bf16->to_table();
 }
 
+// --draft-tokens N adds the verification cost rows: k = 0..N, row 0 the plain decode step, and
+// with a MoE each draft token routed on its own reads more experts (random ids: never fewer).
+TEST(SpeedBench, VerificationCostRowsForEachDraftLength) {
+  TinyModelOptions tiny;
+  tiny.max_position_embeddings = 256;
+  tiny.experts = 16, tiny.top_k = 2;
+  const std::string dir = testing::make_model(tiny);
+  SpeedBenchOptions o = small_bench(dir, CacheDtype::f32);
+  o.runs = 1;
+  o.draft_tokens = 3;
+  auto r = run_speed_bench(o);
+  ASSERT_TRUE(r) << r.error();
+  ASSERT_EQ(r->verify.size(), 4u);
+  for (int k = 0; k <= 3; ++k) {
+    EXPECT_EQ(r->verify[size_t(k)].draft_tokens, k);
+    EXPECT_GT(r->verify[size_t(k)].step_ms, 0);
+  }
+  EXPECT_DOUBLE_EQ(r->verify[0].vs_decode, 1.0);
+  EXPECT_DOUBLE_EQ(r->verify[0].experts_per_layer, 2.0);  // one token: exactly top-k
+  EXPECT_GT(r->verify[3].experts_per_layer, 2.0);
+  EXPECT_LE(r->verify[3].experts_per_layer, 8.0);  // 4 tokens × top-2
+  const auto j = nlohmann::json::parse(r->to_json());
+  ASSERT_TRUE(j.contains("verify"));
+  EXPECT_EQ(j["verify"].size(), 4u);
+  EXPECT_NE(r->to_table().find("break-even accepted per step"), std::string::npos);
+  // Without the option: no rows, no key.
+  o.draft_tokens = 0;
+  auto plain = run_speed_bench(o);
+  ASSERT_TRUE(plain) << plain.error();
+  EXPECT_TRUE(plain->verify.empty());
+  EXPECT_FALSE(nlohmann::json::parse(plain->to_json()).contains("verify"));
+}
+
 }  // namespace
 }  // namespace kiln::engine
