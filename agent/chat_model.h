@@ -70,6 +70,10 @@ struct TurnUsage {
   // Of prefilled_tokens, history computed again because the engine had given this session's KV
   // memory to another build (an idle reclaim or a preemption).
   int64_t rebuilt_tokens = 0;
+  // Speculative decoding: draft tokens verified, and those accepted (of generated_tokens; each
+  // saved a decode step).
+  int64_t draft_tokens = 0;
+  int64_t draft_accepted = 0;
   double prefill_s = 0;
   double decode_s = 0;
   // Waiting for engine memory (a new session's first prompt, while running builds held the KV

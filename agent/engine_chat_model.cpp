@@ -234,6 +234,7 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   g.max_tokens = request.max_new_tokens;
   g.stop = {im_end_, endoftext_};
   g.cancel = &cancel;  // while it waits for memory, when no token (and no callback) comes
+  g.speculative = options_.speculative;
   auto t1 = Clock::now();
   auto generated = request.max_new_tokens > 0
                        ? session_->generate(g, [&](int32_t tok) {
@@ -268,6 +269,8 @@ ModelTurn EngineChatModel::next_turn(const TurnRequest& request, const DeltaSink
   for (const auto& c : total.tool_calls) out.message.tool_calls.push_back({"", c.name, c.arguments});
   for (const auto& e : total.errors) out.call_errors.push_back(e.message);
   out.usage.generated_tokens = static_cast<int64_t>(generated->tokens.size());
+  out.usage.draft_tokens = generated->draft_tokens;
+  out.usage.draft_accepted = generated->draft_accepted;
   out.usage.context_tokens = session_->size();
   using Reason = engine::GenerateResult::Reason;
   out.end = generated->reason == Reason::stop_token ? TurnEnd::stop

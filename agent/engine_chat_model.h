@@ -32,6 +32,10 @@ struct EngineChatModelOptions {
   engine::SamplingParams sampling;  // the caller's choice (model-spec §9.2 lists the card's)
   bool enable_thinking = true;
   int64_t context_limit = 0;        // 0: the model's max_position_embeddings
+  // Prompt-lookup speculative decoding (engine/prompt_lookup.h): same tokens, fewer steps where
+  // the model repeats its context (an edit quoting the file it read); adaptive, so drafts are
+  // only verified where they are expected to pay. draft_tokens = 0 turns it off.
+  engine::SpeculativeOptions speculative{8};
 };
 
 class EngineChatModel final : public ChatModel {

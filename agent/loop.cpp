@@ -185,9 +185,14 @@ class Agent {
                    {"tokens_reused", u.reused_tokens}, {"tokens_generated", u.generated_tokens},
                    {"tokens_reasoning", u.reasoning_tokens}, {"context_tokens", u.context_tokens},
                    {"prefill_s", u.prefill_s}, {"decode_s", u.decode_s}};
-    // Only when they happened: waiting for engine memory, history the engine had to compute again.
+    // Only when they happened: waiting for engine memory, history the engine had to compute
+    // again, draft tokens verified.
     if (u.wait_s > 0) metric["wait_s"] = u.wait_s;
     if (u.rebuilt_tokens > 0) metric["tokens_rebuilt"] = u.rebuilt_tokens;
+    if (u.draft_tokens > 0) {  // speculative decoding ran: how much of it the model confirmed
+      metric["tokens_drafted"] = u.draft_tokens;
+      metric["tokens_draft_accepted"] = u.draft_accepted;
+    }
     emit("metric", metric);
     switch (turn.end) {
       case TurnEnd::stop: return std::nullopt;

@@ -203,6 +203,7 @@ std::optional<std::string> parse_model(const json& j, const std::string& path, M
   KILN_TRY(r.string("cache_dtype", m.cache_dtype));
   if (!engine::parse_cache_dtype(m.cache_dtype)) return r.field("cache_dtype") + ": expected f32 or bf16";
   KILN_TRY(r.integer("idle_unload_seconds", m.idle_unload_seconds, 0));
+  KILN_TRY(r.integer("draft_tokens", m.draft_tokens, 0, 16));
   if (r.has("sampling")) KILN_TRY(parse_sampling(r.at("sampling"), r.field("sampling"), m.sampling));
   return r.reject_unknown();
 }

@@ -49,6 +49,9 @@ struct ModelConfig {
   // "bf16", or "stored" (the checkpoint's dtype, exact). Converted once and cached next to the model.
   std::string weights = "q8";
   std::string cache_dtype = "f32";  // KV/conv cache: "f32" (exact) or "bf16" (2x the tokens per byte)
+  // Prompt-lookup speculative decoding: most draft tokens verified per step (0: off). The output
+  // is the same either way; drafts are verified only where they are expected to save time.
+  int draft_tokens = 8;
   SamplingConfig sampling;
   bool demo = false;         // true for the generated random-weight demo model
   int idle_unload_seconds = 0;  // unload after this long unused (0 = only when memory is short)

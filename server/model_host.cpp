@@ -255,6 +255,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
           chat.sampling.top_p = static_cast<float>(s.config.sampling.top_p);
           chat.sampling.top_k = s.config.sampling.top_k;
           chat.sampling.seed = s.config.sampling.seed;
+          chat.speculative.draft_tokens = s.config.draft_tokens;
           // A session can never hold more than the whole KV pool: compact before reaching it
           // rather than fail the turn with "context memory exhausted".
           if (loaded->model->config().n_full_layers() > 0) chat.context_limit = loaded->model->plan().kv_tokens;

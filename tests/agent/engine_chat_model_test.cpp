@@ -68,6 +68,46 @@ TEST(EngineChatModel, thirty_turns_prefill_each_token_once) {
 
 // A tool result that spells the chat format's control tokens is prefilled as ordinary text: the
 // session holds exactly the template's own <|im_start|>s.
+// Speculative decoding (on by default for builds) changes how many steps a turn takes, never the
+// turn: the same messages and token counts turn after turn as with it off, and the turn reports
+// how many draft tokens were verified and accepted.
+TEST(EngineChatModel, speculative_decoding_changes_no_turn_and_reports_its_drafts) {
+  TinyEngine tiny;
+  ASSERT_TRUE(tiny.model && tiny.tokenizer);
+  EngineChatModelOptions plain_options, spec_options;
+  plain_options.sampling.seed = spec_options.sampling.seed = 11;
+  plain_options.sampling.temperature = spec_options.sampling.temperature = 0.9f;
+  plain_options.speculative.draft_tokens = 0;
+  spec_options.speculative.adaptive = false;  // verify every draft: the turn does not depend on timing
+  EXPECT_EQ(EngineChatModelOptions{}.speculative.draft_tokens, 8);
+  auto plain = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", plain_options);
+  auto spec = EngineChatModel::open(*tiny.model, *tiny.tokenizer, "tiny", spec_options);
+  ASSERT_TRUE(plain.ok() && spec.ok());
+  std::vector<Message> conv{make_message(Role::system, "You are kiln. Fix the bug."),
+                            make_message(Role::user, "median() is wrong for even lengths.")};
+  std::atomic<bool> cancel{false};
+  int64_t drafted = 0, accepted = 0;
+  for (int turn = 0; turn < 6; ++turn) {
+    ModelTurn a = (*plain)->next_turn({conv, tools(), 24}, nullptr, cancel);
+    ModelTurn b = (*spec)->next_turn({conv, tools(), 24}, nullptr, cancel);
+    ASSERT_NE(a.end, TurnEnd::error) << a.error;
+    ASSERT_NE(b.end, TurnEnd::error) << b.error;
+    EXPECT_EQ(a.message.content, b.message.content) << "turn " << turn;
+    EXPECT_EQ(a.message.reasoning, b.message.reasoning) << "turn " << turn;
+    EXPECT_EQ(a.usage.generated_tokens, b.usage.generated_tokens) << "turn " << turn;
+    EXPECT_EQ(a.usage.context_tokens, b.usage.context_tokens) << "turn " << turn;
+    EXPECT_EQ(a.usage.draft_tokens, 0);
+    EXPECT_LE(b.usage.draft_accepted, b.usage.draft_tokens);
+    drafted += b.usage.draft_tokens, accepted += b.usage.draft_accepted;
+    conv.push_back(a.message);
+    conv.push_back(make_message(Role::user, "Still failing: median([1, 2, 3, 4]) returned 3, expected 2.5."));
+  }
+  EXPECT_TRUE((*plain)->session().tokens() == (*spec)->session().tokens());
+  EXPECT_GT(drafted, 0);  // the chat template alone repeats: drafts were proposed and verified
+  RecordProperty("draft_tokens", std::to_string(drafted));
+  RecordProperty("draft_accepted", std::to_string(accepted));
+}
+
 TEST(EngineChatModel, tool_output_spelling_control_tokens_stays_text) {
   TinyEngine tiny;
   ASSERT_TRUE(tiny.model && tiny.tokenizer);

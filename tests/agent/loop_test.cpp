@@ -172,6 +172,44 @@ TEST(AgentLoop, wall_time_limit_pauses_while_the_engine_has_no_memory_for_the_bu
   }
 }
 
+// A model that reports speculative decoding in its turns: the step's metric event carries it.
+class ScriptedModelWithDrafts final : public ChatModel {
+ public:
+  explicit ScriptedModelWithDrafts(ScriptedChatModel& scripted) : scripted_(scripted) {}
+  std::string name() const override { return scripted_.name(); }
+  int64_t context_limit() const override { return scripted_.context_limit(); }
+  Result<int64_t> prompt_tokens(const std::vector<Message>& c, const std::vector<ToolSchema>& t) override {
+    return scripted_.prompt_tokens(c, t);
+  }
+  ModelTurn next_turn(const TurnRequest& request, const DeltaSink& on_delta, const std::atomic<bool>& cancel) override {
+    ModelTurn turn = scripted_.next_turn(request, on_delta, cancel);
+    turn.usage.draft_tokens = 12;
+    turn.usage.draft_accepted = 9;
+    return turn;
+  }
+
+ private:
+  ScriptedChatModel& scripted_;
+};
+
+TEST(AgentLoop, the_step_metric_reports_draft_tokens_verified_and_accepted) {
+  Workspace ws("stats-py");
+  ScriptedChatModel scripted({turn_with(call("submit", Json{{"summary", "s"}}))});
+  ScriptedModelWithDrafts model(scripted);
+  MemoryEventSink events;
+  StopSignal stop;
+  AgentResult r = run_agent(stats_task(), Limits{}, model, *ws.executor, events, stop);
+  EXPECT_EQ(r.reason, StopReason::submitted) << r.message;
+  int found = 0;
+  for (const auto& e : events.events())
+    if (e.kind == "metric" && e.payload.contains("step")) {
+      EXPECT_EQ(e.payload.value("tokens_drafted", 0), 12);
+      EXPECT_EQ(e.payload.value("tokens_draft_accepted", 0), 9);
+      ++found;
+    }
+  EXPECT_EQ(found, 1);
+}
+
 TEST(AgentLoop, cancel_mid_tool_stops_within_a_second) {
   Workspace ws("stats-py");
   ScriptedChatModel model({turn_with(call("bash", Json{{"command", "sleep 30"}}))});

@@ -31,6 +31,12 @@ TEST(Config, LeaseMemoryBudgetAndIdleUnloading) {
   EXPECT_EQ(parse_error(R"({"limits": {"wall_seconds": 10000000000}})"),
             "limits.wall_seconds: expected an integer from 1 to 10000000");
   EXPECT_NE(parse_error(R"({"memory_budget": "lots"})").find("memory_budget"), std::string::npos);
+  EXPECT_EQ(c.models[0].draft_tokens, 8);  // speculative decoding on by default
+  ServerConfig off;
+  ASSERT_EQ(parse_config_json(R"({"models": [{"name": "m", "path": "p", "draft_tokens": 0}]})", off), std::nullopt);
+  EXPECT_EQ(off.models[0].draft_tokens, 0);
+  EXPECT_EQ(parse_error(R"({"models": [{"name": "m", "path": "p", "draft_tokens": 17}]})"),
+            "models[0].draft_tokens: expected an integer from 0 to 16");
   EXPECT_NE(parse_error(R"({"models": [{"name": "m", "path": "p", "idle_unload_seconds": -1}]})")
                 .find("models[0].idle_unload_seconds"),
             std::string::npos);
