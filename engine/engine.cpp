@@ -269,11 +269,13 @@ Status Session::rewind(const SessionCheckpoint& cp) {
   // Only the checkpoint's tokens need their KV again (a restore cut short may already hold them).
   if (reclaimed_ || seq_.state.n_past < int64_t(cp.tokens.size())) {
     tokens.resize(cp.tokens.size());
+    seq_.forget_after(int64_t(tokens.size()));
     restart_history();
     auto restored = model_.scheduler_->append(seq_, {}, false, nullptr);
     if (!restored) return make_error("rewind: " + restored.error());
   }
   tokens = cp.tokens;
+  seq_.forget_after(int64_t(tokens.size()));
   seq_.state.gdn = cp.gdn;
   seq_.state.n_past = int64_t(tokens.size());
   seq_.state.kv->truncate(seq_.state.n_past);

@@ -286,6 +286,7 @@ void Scheduler::roll_back_unreported(Request& r) {
   Sequence& seq = *r.seq;
   const size_t drop = r.forwarded - r.acked;
   seq.tokens.resize(seq.tokens.size() - drop);
+  seq.forget_after(int64_t(seq.tokens.size()));
   seq.state.n_past -= int64_t(drop);
   seq.state.gdn.swap(r.gdn_after[position]);
   const int64_t V = config_.vocab_size;
@@ -419,10 +420,13 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
   for (Request* r : prefill) {
     const int64_t gap = history_gap(*r->seq);
     const bool restore = gap > 0;
-    // Boundaries: multiples of the chunk from the start of the append (or of the restore).
-    const int64_t T = std::min(restore ? gap : r->remaining(), prefill_chunk_);
+    // Boundaries: multiples of the chunk from the start of the append; a restore replays the
+    // history's own steps (Sequence::runs), so it recomputes the same bits.
+    bool decoded = false;
+    const int64_t T = restore ? r->seq->restore_step(r->seq->state.n_past, prefill_chunk_, decoded)
+                              : std::min(r->remaining(), prefill_chunk_);
     if (used > 0 && used + T > prefill_chunk_) continue;  // a smaller one may still fit
-    plan.push_back({r, T, restore});
+    plan.push_back({r, T, restore, decoded});
     used += T;
   }
   plan_drafts(plan);
@@ -485,7 +489,8 @@ void Scheduler::run() {
       Request& r = *plan[i].request;
       Sequence& seq = *r.seq;
       if (plan[i].restore) {
-        steps.push_back({seq.tokens.data() + seq.state.n_past, plan[i].T, &seq.state, LogitRows::none, nullptr});
+        steps.push_back({seq.tokens.data() + seq.state.n_past, plan[i].T, &seq.state, LogitRows::none, nullptr,
+                         plan[i].decoded});
       } else if (r.is_generate && plan[i].T > 1) {  // a token and its draft, verified in the decode form
         r.verify_logits.resize(size_t(plan[i].T * V));
         steps.push_back({r.verify.data(), plan[i].T, &seq.state, LogitRows::all, r.verify_logits.data(), true,
@@ -539,6 +544,7 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     seq.started = true;
     if (!r.is_generate) {
       seq.tokens.insert(seq.tokens.end(), r.tokens.begin() + r.consumed, r.tokens.begin() + r.consumed + p.T);
+      seq.note_computed(p.T, p.T == 1);  // forward_batch runs a one-token step in the decode form
       r.consumed += p.T;
       if (r.consumed < int64_t(r.tokens.size())) continue;
       const float* last = r.all_logits ? r.out + (int64_t(r.tokens.size()) - 1) * V : r.out;
@@ -577,6 +583,7 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
       if (!r.has_callback) r.acked = r.result.tokens.size();
       if (kept == T || next != r.verify[size_t(kept)]) break;
     }
+    seq.note_computed(kept, true);
     ++r.result.steps;
     if (T == 1) r.verify_kept = 0;
     if (T > 1) {

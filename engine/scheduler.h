@@ -90,6 +90,41 @@ struct Sequence {
   // History positions re-prefilled because the KV pages were taken (idle reclaim or preemption).
   // Positions [state.n_past, tokens.size()) are such a gap until the scheduler restores them.
   int64_t rebuilt_tokens = 0;
+  // How the history was computed, so that a restore recomputes it bit for bit: runs of
+  // positions, each one prompt chunk (prefilled in one step: the chunked forms depend on where a
+  // step starts) or tokens decoded one at a time (the decode form, which a sequential step
+  // reproduces however the run is split).
+  struct Run {
+    int64_t end = 0;  // one past the run's last position
+    bool decoded = false;
+  };
+  std::vector<Run> runs;
+  // The last n tokens of `tokens` were computed as one prompt chunk, or decoded.
+  void note_computed(int64_t n, bool decoded) {
+    const int64_t end = int64_t(tokens.size());
+    if (decoded && !runs.empty() && runs.back().decoded && runs.back().end == end - n) runs.back().end = end;
+    else runs.push_back({end, decoded});
+  }
+  // The history was cut to n tokens (rewind, rollback).
+  void forget_after(int64_t n) {
+    while (!runs.empty() && (runs.size() == 1 ? 0 : runs[runs.size() - 2].end) >= n) runs.pop_back();
+    if (!runs.empty() && runs.back().end > n) runs.back().end = n;
+  }
+  // The next restore step from position `from`: how many positions, and whether they are replayed
+  // in the decode form (a decoded run, at most `cap` of it) or as the prompt chunk they were.
+  int64_t restore_step(int64_t from, int64_t cap, bool& decoded) const {
+    int64_t start = 0;
+    for (const Run& run : runs) {
+      if (run.end > from) {
+        decoded = run.decoded;
+        // A chunk is replayed whole; one entered part way (only after a cut) from where it is.
+        return decoded ? std::min(run.end - from, cap) : run.end - std::max(start, from);
+      }
+      start = run.end;
+    }
+    decoded = false;  // not recorded (cannot happen): as a prompt chunk
+    return std::min(int64_t(tokens.size()) - from, cap);
+  }
   // Speculative decoding: the estimated chance that a draft token is accepted (a moving average
   // over verified positions; it drifts back to the prior while drafts are not tried).
   double draft_acceptance = kAcceptancePrior;
@@ -158,6 +193,7 @@ class Scheduler {
     Request* request;
     int64_t T;
     bool restore;  // T tokens of the history gap, not new work
+    bool decoded = false;  // a restore of decoded tokens: replayed in the decode form
   };
   void run();
   const std::vector<Planned>& plan_step();

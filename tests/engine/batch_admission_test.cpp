@@ -174,6 +174,44 @@ std::vector<int32_t> reference_generation(const std::string& dir, const std::vec
   return r.ok() ? r->tokens : std::vector<int32_t>{};
 }
 
+// A history recomputed after its pages were taken is recomputed bit for bit: the restore replays
+// the steps that made it (the prompt as the chunks it was prefilled in, generated tokens in the
+// decode form), so a reclaimed session's next logits equal those of one that kept its pages.
+TEST(Memory, ARestoredHistoryIsBitwiseTheHistoryItReplaces) {
+  const std::string dir = make_model(TinyModelOptions{});
+  EngineOptions small_chunks;
+  small_chunks.prefill_chunk = 24;  // the 40-token prompt ran as chunks of 24 + 16
+  const int64_t V = 512;
+  const auto prompt = random_tokens(40, V, 71), later = random_tokens(3, V, 72), other = random_tokens(100, V, 73);
+  GenerateOptions g;
+  g.max_tokens = 40;
+  auto roomy = Model::load(dir, small_chunks);
+  ASSERT_TRUE(roomy.ok());
+  auto ref = (*roomy)->open_session();
+  ASSERT_TRUE((*ref)->append(prompt).ok());
+  ASSERT_TRUE((*ref)->generate(g).ok());
+  auto want = (*ref)->append(later);
+  ASSERT_TRUE(want.ok());
+
+  EngineOptions o = small_chunks;
+  o.max_sessions = 2;
+  o.kv_budget_bytes = 2 * (*roomy)->plan().state_bytes_per_session + 8 * (*roomy)->plan().page_bytes;
+  auto tight = Model::load(dir, o);
+  ASSERT_TRUE(tight.ok());
+  Model& m = **tight;
+  ASSERT_EQ(m.plan().pages, 8);
+  auto a = m.open_session(), b = m.open_session();
+  ASSERT_TRUE((*a)->append(prompt).ok());
+  ASSERT_TRUE((*a)->generate(g).ok());  // 80 tokens: 5 pages, then idle
+  ASSERT_TRUE((*b)->append(other).ok());  // 7 pages: takes a's
+  EXPECT_EQ(m.kv_reclaims(), 1);
+  (*b).reset();  // its pages back for a's restore
+  auto got = (*a)->append(later);
+  ASSERT_TRUE(got.ok()) << got.error();
+  EXPECT_EQ((*a)->rebuilt_tokens(), 80);
+  EXPECT_TRUE(*got == *want) << "rel L2 " << testing::rel_l2(*got, *want);
+}
+
 // Two sessions generate at once and outgrow a full pool: the older one takes the newer one's
 // pages; the newer waits, re-prefills its history when the older's call ends, and finishes with
 // exactly the tokens it would have produced with memory to spare. Neither call fails.

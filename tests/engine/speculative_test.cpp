@@ -2,7 +2,9 @@
 // drafts gives the same tokens, history, logits and GDN/KV state as without them, greedy or
 // sampled, when a stop token or the budget lands inside a draft, and when the callback stops
 // inside an accepted run (the unreported tokens leave the history).
+#include <barrier>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -81,6 +83,7 @@ TEST(PromptLookup, DraftLengthPaysOnlyWhenExpectedTokensOutweighTheCost) {
 // prompt repeats itself (most random models wander; about one seed in three loops).
 struct Fixture {
   std::unique_ptr<Model> model;
+  std::string dir;
   std::vector<int32_t> prompt;
 };
 
@@ -112,11 +115,13 @@ Fixture load(bool moe, std::optional<cpu::WeightFormat> weights, CacheDtype cach
     o.cache_dtype = cache;
     std::string suffix = ".";  // (appended: GCC 12's -Wrestrict misreads "." + to_string)
     suffix += std::to_string(seed);
-    auto m = Model::load(make_model(t, suffix), o);
+    const std::string dir = make_model(t, suffix);
+    auto m = Model::load(dir, o);
     EXPECT_TRUE(m.ok()) << m.error();
     if (!m.ok()) return f;
     if (accepted_drafts(**m, f.prompt) >= 10) {
       f.model = std::move(*m);
+      f.dir = dir;
       return f;
     }
   }
@@ -257,6 +262,63 @@ TEST_P(Speculative, CallbackStopInsideAnAcceptedRunRollsBack) {
     EXPECT_EQ(plain.result.reason, GenerateResult::Reason::callback);
     EXPECT_EQ(plain.result.tokens.size(), k);
     expect_same(plain, spec, std::string(c.name) + " callback stops after " + std::to_string(k));
+  }
+}
+
+// Four sessions decoding at once (with drafts, or without) in a KV pool too small for all of
+// them: drafts fall back to single tokens when pages are short, sessions wait, or are preempted
+// (or reclaimed while idle) and restored, and every session still ends with exactly the history
+// it has alone without drafts: a restore replays the history's own steps, so it recomputes the
+// same bits.
+TEST_P(Speculative, ConcurrentSessionsUnderMemoryPressureMatchSoloRuns) {
+  const Case& c = kCases[GetParam()];
+  Fixture f = load(c.moe, c.weights, c.cache);
+  ASSERT_TRUE(f.model);
+  constexpr int kSessions = 4;
+  GenerateOptions g;
+  g.max_tokens = 50;
+  std::vector<std::vector<int32_t>> prompts, want;
+  for (int i = 0; i < kSessions; ++i) {
+    prompts.push_back(i == 0 ? f.prompt : random_tokens(30, 24, 100 + uint64_t(i)));
+    want.push_back(run(*f.model, prompts.back(), g, 0).history);
+  }
+  EngineOptions o = f.model->options();
+  o.max_sessions = kSessions;
+  o.kv_budget_bytes = kSessions * f.model->plan().state_bytes_per_session + 9 * f.model->plan().page_bytes;
+  auto tight = Model::load(f.dir, o);
+  ASSERT_TRUE(tight.ok()) << tight.error();
+  Model& m = **tight;
+  ASSERT_EQ(m.plan().pages, 9);  // 144 tokens: the prompts (40 + 3 × 30) fill it; contexts reach 80–90
+  for (int draft : {4, 0}) {
+    std::barrier prefilled(kSessions);
+    std::vector<std::vector<int32_t>> got(kSessions);
+    std::vector<GenerateResult> results(kSessions);
+    std::vector<std::thread> threads;
+    const int64_t short_before = m.kv_waits() + m.kv_preemptions() + m.kv_reclaims();
+    for (int i = 0; i < kSessions; ++i)
+      threads.emplace_back([&, i] {
+        auto s = m.open_session();
+        const bool open = s.ok() && (*s)->append(prompts[size_t(i)]).ok();  // 3 + 2 + 2 + 2 pages
+        EXPECT_TRUE(open) << "session " << i;
+        prefilled.arrive_and_wait();  // all prefilled before any generates: the pool runs short
+        if (!open) return;
+        GenerateOptions spec = g;
+        spec.speculative = {draft, 2, 4, false};
+        auto r = (*s)->generate(spec);
+        ASSERT_TRUE(r.ok()) << r.error();
+        results[size_t(i)] = *r;
+        got[size_t(i)] = (*s)->tokens();
+      });
+    for (auto& t : threads) t.join();
+    int64_t drafted = 0;
+    for (int i = 0; i < kSessions; ++i) {
+      EXPECT_EQ(got[size_t(i)], want[size_t(i)]) << c.name << " draft " << draft << " session " << i;
+      drafted += results[size_t(i)].draft_tokens;
+    }
+    if (draft > 0) {
+      EXPECT_GT(drafted, 0);
+    }
+    EXPECT_GT(m.kv_waits() + m.kv_preemptions() + m.kv_reclaims(), short_before) << "the pool never ran short";
   }
 }
 
