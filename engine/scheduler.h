@@ -21,6 +21,11 @@
 // pass computes each sequence independently of its batch-mates: a session's logits are the same
 // whichever sessions it shares steps with.
 //
+// Speculative decoding (GenerateOptions::speculative): a generating session's step may carry a
+// prompt-lookup draft after its token, verified in the decode form; tokens are sampled as in a
+// plain loop and kept while they equal the draft, so the output is that of plain decoding in fewer
+// steps (plan_drafts decides how much of a draft is expected to pay).
+//
 // generate() is driven by the scheduler: after each step it samples the session's next token
 // (its own Sampler) and checks stop tokens and max_tokens. The on_token callback runs on the
 // session's own thread, overlapped with the step that forwards that token (a slow callback

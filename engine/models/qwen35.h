@@ -5,7 +5,8 @@
 // tokens and its own SequenceState. Row-wise work (norms, every projection, the router, experts,
 // lm_head) runs once over the concatenated rows, so each weight is read once per step for all
 // sequences; RoPE positions, the KV cache, the conv window and the gated delta rule run per
-// sequence on its own state (T_i = 1: recurrent form; T_i > 1: chunked form). A sequence's
+// sequence on its own state (T_i = 1, or a sequential step: the decode form a position at a time,
+// recurrent GDN and paged attention; else the chunked form). A sequence's
 // results do not depend on what it is batched with: every kernel computes a row (or a head of one
 // sequence) the same way whatever the other rows are, so batched logits equal solo ones bitwise.
 //
