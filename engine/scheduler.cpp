@@ -71,7 +71,8 @@ struct Scheduler::Request {
   // An error ends it even when the token a stopping callback saw cannot be forwarded any more.
   bool can_finish() const {
     if (in_callback) return false;
-    if (!error.empty()) return !has_callback || acked >= forwarded;
+    // (A stopped callback sees no more tokens: the unreported ones are rolled back instead.)
+    if (!error.empty()) return !has_callback || stopped || acked >= forwarded;
     if (stopped) return forwarded >= acked;
     if (finishing) return !has_callback || acked >= forwarded;
     return false;
@@ -183,7 +184,7 @@ bool Scheduler::secure_kv(const Planned& p) {
   const int64_t in_use = pool.pages_in_use();
   for (Request* o : queue_)
     if (o != &r && o->is_generate && !o->done && o->seq->state.kv->capacity_tokens() > 0)
-      o->seq->state.kv->truncate(int64_t(o->seq->tokens.size() + std::max<size_t>(o->verify.size(), 1)));  // its next step
+      o->seq->state.kv->truncate(int64_t(o->seq->tokens.size()) + 1);  // its history and its next token (no draft)
   if (pool.pages_in_use() < in_use) ++kv_epoch_;
   if (kv.reserve(need)) return true;
   // 2. Idle sessions, then 3. lower-ranked calls, lowest first; nothing is taken unless it is enough.
@@ -285,10 +286,16 @@ void Scheduler::roll_back_unreported(Request& r) {
   if (int64_t(position) + 1 >= r.verify_kept || position >= r.gdn_after.size()) return;
   Sequence& seq = *r.seq;
   const size_t drop = r.forwarded - r.acked;
+  const bool computed = history_gap(seq) == 0;  // else preempted since: a restore recomputes it
   seq.tokens.resize(seq.tokens.size() - drop);
   seq.forget_after(int64_t(seq.tokens.size()));
-  seq.state.n_past -= int64_t(drop);
-  seq.state.gdn.swap(r.gdn_after[position]);
+  if (computed) {
+    seq.state.n_past -= int64_t(drop);
+    seq.state.gdn.swap(r.gdn_after[position]);
+  } else if (seq.state.n_past > int64_t(seq.tokens.size())) {  // restored past the cut: again from 0
+    network_.init_state(seq.state);
+    seq.state.n_past = 0;
+  }
   const int64_t V = config_.vocab_size;
   seq.last_logits.assign(r.verify_logits.begin() + int64_t(position) * V,
                          r.verify_logits.begin() + int64_t(position + 1) * V);
@@ -439,6 +446,10 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
       Planned& p = plan[i];
       Request& r = *p.request;
       // A draft only uses pages the session holds or the pool has free; else it is dropped.
+      if (r.preempted_in_plan == plan_number_) {
+        p.T = 0;
+        continue;
+      }
       if (p.T > 1 && r.is_generate && !p.restore && !r.seq->state.kv->reserve(r.seq->state.n_past + p.T)) {
         p.T = 1;
         r.verify.resize(1);

@@ -17,7 +17,8 @@ using Buf = std::vector<float>;
 struct Qwen35Model::Rows {
   std::span<const SeqStep> seqs;
   std::vector<int64_t> row0;        // first row of sequence i; row0[n] = total rows
-  // Indices of sequences run in the decode form (T = 1, or sequential) and of prompt chunks.
+  // Indices of one-token sequences (spread over the pool) and of the others (each with the whole
+  // pool: prompt chunks, and sequential steps, which run in the decode form too).
   std::vector<size_t> decode, multi;
   int64_t total() const { return row0.back(); }
 };
@@ -64,7 +65,8 @@ void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats)
   rows.decode.clear(), rows.multi.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     rows.row0[i + 1] = rows.row0[i] + seqs[i].T;
-    (seqs[i].T == 1 || seqs[i].sequential ? rows.decode : rows.multi).push_back(i);
+    // A sequential step of several positions gets the whole pool, as a prompt chunk does.
+    (seqs[i].T == 1 ? rows.decode : rows.multi).push_back(i);
     if (seqs[i].gdn_after && int64_t(seqs[i].gdn_after->size()) < seqs[i].T - 1)
       seqs[i].gdn_after->resize(size_t(seqs[i].T - 1));
   }
@@ -185,6 +187,7 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
   ops::matmul_group(pool_, in, 4);
   // Prompt chunks (T > 1): conv, norms and gates over their rows, then the chunked rule.
   for (size_t i : rows.multi) {
+    if (rows.seqs[i].sequential) continue;  // the decode form below does its own conv and gates
     DeltaNetState& s = rows.seqs[i].state->gdn[size_t(linear)];
     const CacheDtype dtype = rows.seqs[i].state->dtype;
     const int64_t r0 = rows.row0[i], T = rows.seqs[i].T;

@@ -280,7 +280,8 @@ TEST_P(Speculative, ConcurrentSessionsUnderMemoryPressureMatchSoloRuns) {
   std::vector<std::vector<int32_t>> prompts, want;
   for (int i = 0; i < kSessions; ++i) {
     prompts.push_back(i == 0 ? f.prompt : random_tokens(30, 24, 100 + uint64_t(i)));
-    want.push_back(run(*f.model, prompts.back(), g, 0).history);
+    // Sessions 1 and 3 stop from their callback (anywhere, maybe inside an accepted run).
+    want.push_back(run(*f.model, prompts.back(), g, 0, i % 2 ? size_t(17 + 6 * i) : 0).history);
   }
   EngineOptions o = f.model->options();
   o.max_sessions = kSessions;
@@ -304,7 +305,9 @@ TEST_P(Speculative, ConcurrentSessionsUnderMemoryPressureMatchSoloRuns) {
         if (!open) return;
         GenerateOptions spec = g;
         spec.speculative = {draft, 2, 4, false};
-        auto r = (*s)->generate(spec);
+        size_t seen = 0;
+        const size_t stop_after = i % 2 ? size_t(17 + 6 * i) : 0;
+        auto r = (*s)->generate(spec, [&](int32_t) { return stop_after == 0 || ++seen < stop_after; });
         ASSERT_TRUE(r.ok()) << r.error();
         results[size_t(i)] = *r;
         got[size_t(i)] = (*s)->tokens();
