@@ -445,16 +445,16 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
     for (size_t i : ranked) {
       Planned& p = plan[i];
       Request& r = *p.request;
-      // A draft only uses pages the session holds or the pool has free; else it is dropped.
-      if (r.preempted_in_plan == plan_number_) {
+      if (r.preempted_in_plan == plan_number_) {  // its planned work is void: it restores first
         p.T = 0;
         continue;
       }
+      // A draft only uses pages the session holds or the pool has free; else it is dropped.
       if (p.T > 1 && r.is_generate && !p.restore && !r.seq->state.kv->reserve(r.seq->state.n_past + p.T)) {
         p.T = 1;
         r.verify.resize(1);
       }
-      if (r.preempted_in_plan == plan_number_ || !secure_kv(p)) p.T = 0;
+      if (!secure_kv(p)) p.T = 0;
     }
     std::erase_if(plan, [](const Planned& p) { return p.T == 0; });
   }
@@ -596,8 +596,9 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     }
     seq.note_computed(kept, true);
     ++r.result.steps;
-    if (T == 1) r.verify_kept = 0;
-    if (T > 1) {
+    if (T == 1) {
+      r.verify_kept = 0;  // no saved states from this step: nothing to roll back into
+    } else {
       r.result.draft_tokens += T - 1;
       r.result.draft_accepted += kept - 1;
       r.verify_first = first;
