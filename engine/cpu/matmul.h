@@ -34,6 +34,15 @@ namespace kiln::engine::cpu {
 inline constexpr int64_t kQuantStreamMaxTokens = 4;
 inline constexpr int64_t kQuantPanelRows = 16;
 
+// The q8/q4 prefill kernels' per-thread scratch for one panel of kQuantPanelRows rows unpacked to
+// int16 (matmul_quant_avx2.cpp, matmul_quant_avx512.cpp), grown on first use and reused.
+struct QuantPanelScratch {
+  int16_t* w;  // [block][pair 0..15][row 0..15][2]
+  float* d;    // [block][row 0..15] block scales
+  float* m;    // [block][row 0..15] q4 block offsets
+};
+QuantPanelScratch quant_panel_scratch(int64_t k);
+
 struct WeightMatrix {
   WeightFormat format = WeightFormat::f32;
   int64_t rows = 0;  // N

@@ -1,9 +1,310 @@
-// AVX-512 kernel table. Not written yet: this CPU family (the 2-core AMD EPYC dev machines) has
-// no AVX-512, so a path here could not be tested; kernels_best() falls back to AVX2.
+// AVX-512 kernel table: q8 and q4 products on AVX-512 VNNI (vpdpwssd: sixteen int16 pair products
+// summed into int32 lanes in one instruction, where AVX2 needs vpmaddwd + vpaddd on half the
+// width). f32/bf16 products and the quantizers are the AVX2 table's: decode of those is bound by
+// memory, and they are not the serving formats. Offered when the CPU has AVX-512 F/BW/VL and VNNI
+// (Ice Lake, Sapphire Rapids, Zen 4 and later); without VNNI the AVX2 table is the better one.
+//
+// The arithmetic is matmul_ref.cpp's definition, bit for bit: the int32 block sums are exact
+// however they are formed, and the float steps (one FMA per block into a_{b mod 8}, the fixed
+// final fold) are the same operations in the same order, so a session's logits are the same on
+// this table, on AVX2 and on the reference (KernelMatmul.*, Batched.*).
+//
+// Decode (1-4 tokens): as on AVX2, quants in slot order (quant.h) put pair p of eight blocks in 16
+// consecutive slots, so one 32-byte load holds pairs 2s and 2s+1 of a group: widened to int16,
+// lanes 0-7 are pair 2s of the eight blocks and lanes 8-15 pair 2s+1, and vpdpwssd against the
+// tokens' matching 32 activations accumulates each block's partial sums in two lanes. Eight such
+// steps cover a group; its two halves add (exact) and one FMA with the eight scales folds it.
+// Five to eight tokens: two streaming passes of up to four over each 16 rows (the second from
+// L1). Nine or more: the AVX2 kernel's int16 panel (16 rows × pair, one 512-bit vector), each
+// token's column pair broadcast, 16 rows × 8 tokens per register tile.
+#include <cstdint>
+
+#include "engine/cpu/cpu_features.h"
 #include "engine/cpu/matmul.h"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+// GCC 12's own _mm512_cvtepi32_ps passes _mm512_undefined_ps() as its unused merge source, which
+// -Wmaybe-uninitialized reports at every use; nothing here reads an uninitialized value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "engine/cpu/quant_tiles_avx2.h"
+#include "engine/cpu/simd_tiles.h"
+
+namespace kiln::engine::cpu::avx512 {
+namespace {
+
+using namespace quant_tiles;
+using tiles::hsum;  // the fixed final order of the definition
+using tiles::prefetch_span;
+
+// Pairs 2s and 2s+1 (s = 0..7) of the eight blocks of group g, widened to int16.
+struct Q8x {
+  using Base = Q8;
+  static __m512i pairs(const uint8_t* q, int64_t g, int s) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 256 + s * 32)));
+  }
+};
+struct Q4x {
+  using Base = Q4;
+  // A group's byte o holds slot o (low nibble) and o + 128 (high): steps 0-3 are low nibbles of
+  // bytes 32s.., steps 4-7 the high nibbles of the same bytes.
+  static __m512i pairs(const uint8_t* q, int64_t g, int s) {
+    const __m512i v =
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 128 + (s & 3) * 32)));
+    return s < 4 ? _mm512_and_si512(v, _mm512_set1_epi16(0x0f)) : _mm512_srli_epi16(v, 4);
+  }
+};
+
+// The eight blocks' sums: lanes i and i + 8 both hold block i (exact int32 adds).
+inline __m256i fold_halves(__m512i s) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+// ---- decode: one to four tokens, weights streamed once ----------------------------------------
+constexpr int64_t kPrefetchRows = 8;
+// Prefetched lines per step for R rows: a q8 row is ~4.25 lines a group and a group is 8 steps,
+// so R/2 lines a step keeps up, spread out (bursts stall the loads behind them).
+template <int R>
+constexpr int kLinesPerStep = R / 2 > 0 ? R / 2 : 1;
+
+template <class F, int R, int NT>
+inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r,
+                        bool prefetch_ahead) {
+  const int64_t k = w.cols, nb = k / kQuantBlock, groups = nb / 8;
+  const int64_t stride = static_cast<int64_t>(w.stride());
+  const uint16_t* d[R];
+  const uint8_t* q[R];
+  for (int i = 0; i < R; ++i) {
+    d[i] = reinterpret_cast<const uint16_t*>(w.row(r + i));
+    q[i] = F::Base::quants(w.row(r + i), nb);
+  }
+  const int16_t* xq[NT];
+  const int32_t* xsum[NT];
+  for (int j = 0; j < NT; ++j) {
+    xq[j] = x.q16.q + j * k;
+    xsum[j] = x.q16.block_sum + j * nb;
+  }
+  // One row requests a block's worth of bytes a step; more rows, kLinesPerStep lines a step.
+  const char* ahead = reinterpret_cast<const char*>(w.row(r)) + kPrefetchRows * stride;
+  const int64_t ahead_lines = R > 1 && prefetch_ahead ? (R * stride + 63) / 64 : 0;
+  const int64_t ahead_step = (stride + nb - 1) / nb;
+  int64_t sent = 0;
+  __m256 acc[R][NT];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i sum[R][NT];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NT; ++j) sum[i][j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      if constexpr (R == 1) {
+        if (prefetch_ahead) _mm_prefetch(ahead + (g * 8 + s) * ahead_step, _MM_HINT_T0);
+      } else {
+        for (int l = 0; l < kLinesPerStep<R> && sent < ahead_lines; ++l)
+          _mm_prefetch(ahead + 64 * sent++, _MM_HINT_T0);
+      }
+      __m512i xv[NT];
+      for (int j = 0; j < NT; ++j)
+        xv[j] = _mm512_loadu_si512(xq[j] + g * 256 + s * 32);
+      for (int i = 0; i < R; ++i) {
+        const __m512i wv = F::pairs(q[i], g, s);
+        for (int j = 0; j < NT; ++j) sum[i][j] = _mm512_dpwssd_epi32(sum[i][j], wv, xv[j]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + 8 * g)));
+      for (int j = 0; j < NT; ++j)
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(sum[i][j])), dv, acc[i][j]);
+      if constexpr (F::Base::kOffset) {
+        const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + nb + 8 * g)));
+        for (int j = 0; j < NT; ++j)
+          acc[i][j] = _mm256_fmadd_ps(
+              mv, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[j] + 8 * g))), acc[i][j]);
+      }
+    }
+  }
+  for (; sent < ahead_lines; ++sent) _mm_prefetch(ahead + 64 * sent, _MM_HINT_T0);
+  if (groups * 8 < nb)
+    for (int i = 0; i < R; ++i)
+      stream_tail<typename F::Base, NT>(d[i], q[i], nb, groups * 8, nb - groups * 8, xq, xsum, acc[i]);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = x.q16.d[j] * hsum(acc[i][j]);
+}
+
+// Rows per tile: R·NT accumulators + NT activation vectors + one weight vector of the 32.
+template <int NT>
+constexpr int kStreamRows = NT == 1 ? 2 : 4;
+
+template <class F, int NT>
+void matvec(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1,
+            bool prefetch_ahead, bool cold) {
+  constexpr int R = kStreamRows<NT>;
+  const int64_t stride = static_cast<int64_t>(w.stride());
+  if (cold)
+    for (int64_t r = r0; r < r1 && r < r0 + kPrefetchRows; ++r) prefetch_span(w.row(r), stride);
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) stream_tile<F, R, NT>(w, x, y, ldy, r, prefetch_ahead);
+  for (; r < r1; ++r) stream_tile<F, 1, NT>(w, x, y, ldy, r, prefetch_ahead);
+}
+
+template <class F>
+void stream(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1,
+            bool prefetch_ahead, bool cold) {
+  switch (x.n) {
+    case 1: return matvec<F, 1>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    case 2: return matvec<F, 2>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    case 3: return matvec<F, 3>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+    default: return matvec<F, 4>(w, x, y, ldy, r0, r1, prefetch_ahead, cold);
+  }
+}
+
+// ---- nine tokens or more: 16-row panels × tiles of up to 8 tokens -----------------------------
+constexpr int kTokenTile = 8;
+
+// One block of a panel (pair pr of 16 rows: one vector) × NT tokens into acc[NT]; token j's pair
+// pr is the int32 at xt[j] + xo + kPairStride·pr.
+template <int NT, int kPairStride>
+inline void panel_block(const int16_t* wb, const int16_t* const* xt, int64_t xo, __m512i* acc) {
+#pragma GCC unroll 4
+  for (int pr = 0; pr < kQuantBlock / 2; ++pr) {
+    const __m512i wv = _mm512_loadu_si512(wb + pr * 2 * kPanelRows);
+    for (int j = 0; j < NT; ++j) {
+      int32_t pair;
+      std::memcpy(&pair, xt[j] + xo + kPairStride * pr, 4);
+      acc[j] = _mm512_dpwssd_epi32(acc[j], wv, _mm512_set1_epi32(pair));
+    }
+  }
+}
+
+// One panel × NT tokens starting at t: rows [r, r + n) of those tokens.
+template <class F, int NT>
+void panel_tile(const QuantPanelScratch& p, const MatmulInput& x, int64_t t, float* y, int64_t ldy, int64_t r,
+                int64_t n) {
+  const int64_t k = x.k, nb = k / kQuantBlock;
+  alignas(64) float a[NT][8][kPanelRows];  // a_j of every (token, row); blocks 0-7 start them
+  if (nb < 8)
+    for (int j = 0; j < NT; ++j)
+      for (int64_t l = nb; l < 8; ++l) _mm512_store_ps(a[j][l], _mm512_setzero_ps());
+  const int16_t* xt[NT];
+  for (int j = 0; j < NT; ++j) xt[j] = x.q16.q + (t + j) * k;
+  const int64_t grouped = nb & ~int64_t{7};
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i acc[NT];
+    for (int j = 0; j < NT; ++j) acc[j] = _mm512_setzero_si512();
+    const int16_t* wb = p.w + b * (kQuantBlock * kPanelRows);
+    // Pair pr of block b in the activations' slot order: 16 apart in a group, 2 apart after.
+    if (b < grouped)
+      panel_block<NT, 16>(wb, xt, (b >> 3) * 256 + (b & 7) * 2, acc);
+    else
+      panel_block<NT, 2>(wb, xt, b * kQuantBlock, acc);
+    const int lane = static_cast<int>(b & 7);
+    const __m512 d = _mm512_loadu_ps(p.d + b * kPanelRows);
+    for (int j = 0; j < NT; ++j) {
+      float* aj = a[j][lane];
+      __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j]), d, b < 8 ? _mm512_setzero_ps() : _mm512_load_ps(aj));
+      if constexpr (F::Base::kOffset)
+        s = _mm512_fmadd_ps(_mm512_loadu_ps(p.m + b * kPanelRows),
+                            _mm512_set1_ps(static_cast<float>(x.q16.block_sum[(t + j) * nb + b])), s);
+      _mm512_store_ps(aj, s);
+    }
+  }
+  const __mmask16 rows = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  for (int j = 0; j < NT; ++j) {
+    const __m512 s0 = _mm512_add_ps(_mm512_load_ps(a[j][0]), _mm512_load_ps(a[j][4]));
+    const __m512 s1 = _mm512_add_ps(_mm512_load_ps(a[j][1]), _mm512_load_ps(a[j][5]));
+    const __m512 s2 = _mm512_add_ps(_mm512_load_ps(a[j][2]), _mm512_load_ps(a[j][6]));
+    const __m512 s3 = _mm512_add_ps(_mm512_load_ps(a[j][3]), _mm512_load_ps(a[j][7]));
+    const __m512 out = _mm512_mul_ps(_mm512_set1_ps(x.q16.d[t + j]),
+                                     _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
+    _mm512_mask_storeu_ps(y + (t + j) * ldy + r, rows, out);
+  }
+}
+
+template <class F, int NT>
+void panel_tail(const QuantPanelScratch& p, const MatmulInput& x, int64_t t, float* y, int64_t ldy, int64_t r,
+                int64_t n) {
+  if constexpr (NT > 0) {
+    if (x.n - t == NT) return panel_tile<F, NT>(p, x, t, y, ldy, r, n);
+    panel_tail<F, NT - 1>(p, x, t, y, ldy, r, n);
+  }
+}
+
+template <class F>
+void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const QuantPanelScratch p = quant_panel_scratch(w.cols);
+  for (int64_t r = r0; r < r1; r += kPanelRows) {
+    const int64_t n = r1 - r < kPanelRows ? r1 - r : kPanelRows;
+    unpack_panel<typename F::Base>(w, r, n, p);
+    // The next panel's weights travel to L2 while this one computes, a slice per token tile.
+    const int64_t next_rows = r1 - (r + n) < kPanelRows ? r1 - (r + n) : kPanelRows;
+    const char* next = next_rows > 0 ? reinterpret_cast<const char*>(w.row(r + n)) : nullptr;
+    const int64_t next_lines = next ? (next_rows * static_cast<int64_t>(w.stride()) + 63) / 64 : 0;
+    const int64_t per_tile = (next_lines + x.n / kTokenTile) / (x.n / kTokenTile + 1);
+    int64_t sent = 0;
+    int64_t t = 0;
+    for (; t + kTokenTile <= x.n; t += kTokenTile) {
+      for (const int64_t e = sent + per_tile < next_lines ? sent + per_tile : next_lines; sent < e; ++sent)
+        _mm_prefetch(next + 64 * sent, _MM_HINT_T1);
+      panel_tile<F, kTokenTile>(p, x, t, y, ldy, r, n);
+    }
+    for (; sent < next_lines; ++sent) _mm_prefetch(next + 64 * sent, _MM_HINT_T1);
+    panel_tail<F, kTokenTile - 1>(p, x, t, y, ldy, r, n);
+  }
+}
+
+template <class F>
+void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || x.n <= 0) return;
+  static_assert(kQuantStreamMaxTokens == 4, "the cases below");
+  if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1, true, true);
+  if (x.n <= 8) {
+    // Two passes over each 16 rows: the first streams them from memory (prefetching ahead; only
+    // the first strip starts cold), the second reads them from L1 and requests nothing.
+    const MatmulInput a = token_range(x, 0, 4), b = token_range(x, 4, x.n - 4);
+    for (int64_t r = r0; r < r1; r += kPanelRows) {
+      const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
+      stream<F>(w, a, y, ldy, r, re, true, r == r0);
+      stream<F>(w, b, y + 4 * ldy, ldy, r, re, false, false);
+    }
+    return;
+  }
+  matmat<F>(w, x, y, ldy, r0, r1);
+}
+
+void matmul_q8(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  dispatch<Q8x>(w, x, y, ldy, r0, r1);
+}
+void matmul_q4(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  dispatch<Q4x>(w, x, y, ldy, r0, r1);
+}
+
+}  // namespace
+}  // namespace kiln::engine::cpu::avx512
+#pragma GCC pop_options
+#endif  // __x86_64__
 
 namespace kiln::engine::cpu {
 
-const KernelTable* kernels_avx512() { return nullptr; }
+const KernelTable* kernels_avx512() {
+#if defined(__x86_64__)
+  static const KernelTable* table = []() -> const KernelTable* {
+    const CpuFeatures& f = cpu_features();
+    const KernelTable* avx2 = kernels_avx2();
+    if (!f.has_avx512_set() || !f.avx512vnni || avx2 == nullptr) return nullptr;
+    static KernelTable t = *avx2;
+    t.name = "avx512";
+    t.matmul[static_cast<int>(WeightFormat::q8)] = avx512::matmul_q8;
+    t.matmul[static_cast<int>(WeightFormat::q4)] = avx512::matmul_q4;
+    return &t;
+  }();
+  return table;
+#else
+  return nullptr;
+#endif
+}
 
 }  // namespace kiln::engine::cpu

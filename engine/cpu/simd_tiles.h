@@ -15,6 +15,9 @@
 #include <cstdint>
 
 namespace kiln::engine::cpu::tiles {
+// Internal linkage: each SIMD file compiles its own copy for its own target, so the linker never
+// merges an AVX-512 copy into the AVX2 path.
+namespace {
 
 inline constexpr int64_t kTokenChunk = 64;
 
@@ -77,4 +80,5 @@ inline void drive(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t
   }
 }
 
+}  // namespace
 }  // namespace kiln::engine::cpu::tiles
