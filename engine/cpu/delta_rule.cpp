@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include "engine/cpu/cpu_features.h"
+#include "engine/cpu/denormals.h"
 #include "engine/cpu/gemm_small.h"
 #include "engine/ops.h"
 
@@ -37,6 +38,7 @@ void gated_delta_rule_chunked(ThreadPool* pool, const DeltaRuleArgs& a) {
     // element read below is written first in the same chunk.
     thread_local std::vector<Acc> G, Kc, Qc, Kt, Vc, KK, QK, Tinv, U, W, Vp, O;
     thread_local std::vector<float> Wf, Qf, Ktf, Vpf, Of;
+    const cpu::FlushDenormalsScope flush_denormals;
     for (auto [v, size] : {std::pair{&G, size_t(C)}, {&Kc, size_t(C) * dk}, {&Qc, size_t(C) * dk},
                            {&Kt, size_t(dk) * C}, {&Vc, size_t(C) * dv}, {&KK, size_t(C) * C}, {&QK, size_t(C) * C},
                            {&Tinv, size_t(C) * C}, {&U, size_t(C) * dv}, {&W, size_t(C) * dk}, {&Vp, size_t(C) * dv},
@@ -187,6 +189,7 @@ void gated_delta_rule_decode(ThreadPool* pool, const DeltaRuleArgs& a) {
   auto head = [&](int64_t j0, int64_t j1) {
     thread_local std::vector<double> e, o;
     e.resize(size_t(a.dv)), o.resize(size_t(a.dv));
+    const cpu::FlushDenormalsScope flush_denormals;  // as in the chunked form
     for (int64_t j = j0; j < j1; ++j) {
       float* S = a.state + j * a.dk * a.dv;
       const int64_t m = j / r;

@@ -1,6 +1,8 @@
 #include "engine/cpu/gemm_small.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "engine/cpu/cpu_features.h"
 
@@ -27,119 +29,163 @@ void gemm_f64_ref(int m, int n, int k, double alpha, const double* A, int lda, c
                   double beta, double* C, int ldc) {
   gemm_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-void gemm_f32_ref(int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
-                  float* C, int ldc) {
+void gemm_f32_ref(int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+                  float beta, float* C, int ldc) {
   gemm_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 #if defined(__x86_64__)
-namespace {
+// The tiles (gemm_small_tiles.inc) are written once over a vector type W and compiled twice, in a
+// region per target: W = AVX2 vectors and W = AVX-512 vectors.
+// Every entry of C sums its k terms in order by FMA in both (a lane is a column), so the two give
+// the same bits whenever their column slabs cover the same columns (n a multiple of 32 floats /
+// 16 doubles: every delta-rule shape).
 
-// One AVX2 vector of T: its lane count and the few operations the tiles use.
-template <class T>
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+namespace {
+template <class Scalar>
 struct Vec;
 template <>
 struct Vec<double> {
+  using T = double;
   using V = __m256d;
-  static constexpr int kLanes = 4;
-  __attribute__((target("avx2,fma"))) static V zero() { return _mm256_setzero_pd(); }
-  __attribute__((target("avx2,fma"))) static V load(const double* p) { return _mm256_loadu_pd(p); }
-  __attribute__((target("avx2,fma"))) static V bcast(const double* p) { return _mm256_broadcast_sd(p); }
-  __attribute__((target("avx2,fma"))) static V set1(double v) { return _mm256_set1_pd(v); }
-  __attribute__((target("avx2,fma"))) static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
-  __attribute__((target("avx2,fma"))) static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
-  __attribute__((target("avx2,fma"))) static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  static constexpr int kLanes = 4, kRows = 6;
+  static V zero() { return _mm256_setzero_pd(); }
+  static V load(const double* p) { return _mm256_loadu_pd(p); }
+  static V bcast(const double* p) { return _mm256_broadcast_sd(p); }
+  static V set1(double v) { return _mm256_set1_pd(v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
 };
 template <>
 struct Vec<float> {
+  using T = float;
   using V = __m256;
-  static constexpr int kLanes = 8;
-  __attribute__((target("avx2,fma"))) static V zero() { return _mm256_setzero_ps(); }
-  __attribute__((target("avx2,fma"))) static V load(const float* p) { return _mm256_loadu_ps(p); }
-  __attribute__((target("avx2,fma"))) static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
-  __attribute__((target("avx2,fma"))) static V set1(float v) { return _mm256_set1_ps(v); }
-  __attribute__((target("avx2,fma"))) static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  __attribute__((target("avx2,fma"))) static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  __attribute__((target("avx2,fma"))) static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static constexpr int kLanes = 8, kRows = 6;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
 };
+#include "engine/cpu/gemm_small_tiles.inc"
+}  // namespace
+}  // namespace avx2
+#pragma GCC pop_options
 
-// R rows × two vectors of columns of C.
-template <class T, int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void tile(int k, T alpha, const T* A, int lda, const T* B,
-                                                                    int ldb, T beta, T* C, int ldc) {
-  using W = Vec<T>;
-  constexpr int L = W::kLanes;
-  typename W::V acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = W::zero();
-  for (int p = 0; p < k; ++p) {
-    const auto b0 = W::load(B + p * ldb), b1 = W::load(B + p * ldb + L);
-    for (int r = 0; r < R; ++r) {
-      const auto a = W::bcast(A + r * lda + p);
-      acc[r][0] = W::fma(a, b0, acc[r][0]);
-      acc[r][1] = W::fma(a, b1, acc[r][1]);
-    }
-  }
-  const auto va = W::set1(alpha), vb = W::set1(beta);
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) {
-      T* c = C + r * ldc + L * h;
-      auto v = W::mul(va, acc[r][h]);
-      if (beta != 0) v = W::fma(vb, W::load(c), v);
-      W::store(c, v);
-    }
-}
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f")
+namespace avx512 {
+namespace {
+template <class Scalar>
+struct Vec;
+template <>
+struct Vec<double> {
+  using T = double;
+  using V = __m512d;
+  static constexpr int kLanes = 8, kRows = 8;  // 16 accumulators of the 32 registers
+  static V zero() { return _mm512_setzero_pd(); }
+  static V load(const double* p) { return _mm512_loadu_pd(p); }
+  static V bcast(const double* p) { return _mm512_set1_pd(*p); }
+  static V set1(double v) { return _mm512_set1_pd(v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+  static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+};
+template <>
+struct Vec<float> {
+  using T = float;
+  using V = __m512;
+  static constexpr int kLanes = 16, kRows = 8;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#include "engine/cpu/gemm_small_tiles.inc"
+}  // namespace
+}  // namespace avx512
+#pragma GCC pop_options
 
-// Rows [i, i + R) of C over every column slab (lower_c: only slabs starting at or before the
-// tile's last row).
-template <class T, int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void row_tile(int i, int n_slabs, int k, T alpha, const T* A,
-                                                                        int lda, const T* B, int ldb, T beta, T* C,
-                                                                        int ldc, Triangle shape) {
-  constexpr int S = 2 * Vec<T>::kLanes;
-  const int depth = shape == Triangle::lower_a ? std::min(k, i + R) : k;  // lower_a: p < i + R
-  const int j_end = shape == Triangle::lower_c ? std::min(n_slabs, (i + R + S - 1) / S * S) : n_slabs;
-  for (int j = 0; j < j_end; j += S) tile<T, R>(depth, alpha, A + i * lda, lda, B + j, ldb, beta, C + i * ldc + j, ldc);
-}
-
+namespace {
 template <class T>
-__attribute__((target("avx2,fma"))) void gemm_avx2(int m, int n, int k, T alpha, const T* A, int lda, const T* B,
-                                                   int ldb, T beta, T* C, int ldc, Triangle shape) {
-  // Row tiles outer, column slabs inner: a tile's rows of A (R·k values) stay in L1 while B
-  // streams past as whole vectors (column slabs outer re-read all of A from L2 per slab, one
-  // value per broadcast). Six rows: twelve accumulators cover the 4-cycle FMA latency at two
-  // FMAs a cycle.
-  constexpr int S = 2 * Vec<T>::kLanes;
-  const int n_slabs = n / S * S;
-  int i = 0;
-  for (; i + 6 <= m; i += 6) row_tile<T, 6>(i, n_slabs, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
-  for (; i + 4 <= m; i += 4) row_tile<T, 4>(i, n_slabs, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
-  for (; i < m; ++i) row_tile<T, 1>(i, n_slabs, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
-  if (n_slabs < n) gemm_ref(m, n - n_slabs, k, alpha, A, lda, B + n_slabs, ldb, beta, C + n_slabs, ldc);
+bool gemm_fast(GemmPath path, int m, int n, int k, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
+               T* C, int ldc, Triangle shape) {
+  switch (path) {
+    case GemmPath::avx512:
+      avx512::gemm<avx512::Vec<T>>(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+      return true;
+    case GemmPath::avx2:
+      avx2::gemm<avx2::Vec<T>>(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+      return true;
+    case GemmPath::ref:
+      break;
+  }
+  return false;
 }
-
-bool have_avx2() {
-  static const bool avx2 = cpu_features().has_avx2_set();
-  return avx2;
-}
-
 }  // namespace
 #endif
 
-void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb, double beta,
-              double* C, int ldc, Triangle shape) {
+bool gemm_path_available(GemmPath path) {
+  switch (path) {
+    case GemmPath::ref:
+      return true;
+    case GemmPath::avx2:
+      return cpu_features().has_avx2_set();
+    case GemmPath::avx512:
+      return cpu_features().has_avx512_set();
+  }
+  return false;
+}
+
+GemmPath best_gemm_path() {
+  // KILN_CPU_KERNELS=ref|avx2 (matmul_ref.cpp) pins these products to the same level as the
+  // matrix kernels, so an A/B timing compares whole paths.
+  static const GemmPath best = [] {
+    const char* env = std::getenv("KILN_CPU_KERNELS");
+    const std::string_view pinned = env ? env : "";
+    if (pinned == "ref") return GemmPath::ref;
+    if (pinned != "avx2" && gemm_path_available(GemmPath::avx512)) return GemmPath::avx512;
+    return gemm_path_available(GemmPath::avx2) ? GemmPath::avx2 : GemmPath::ref;
+  }();
+  return best;
+}
+
+void gemm_f64_on(GemmPath path, int m, int n, int k, double alpha, const double* A, int lda, const double* B,
+                 int ldb, double beta, double* C, int ldc, Triangle shape) {
 #if defined(__x86_64__)
-  if (have_avx2()) return gemm_avx2(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+  if (gemm_fast(path, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape)) return;
 #endif
+  (void)path;
   (void)shape;  // the plain loops compute every entry, every term
   gemm_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm_f32_on(GemmPath path, int m, int n, int k, float alpha, const float* A, int lda, const float* B,
+                 int ldb, float beta, float* C, int ldc) {
+#if defined(__x86_64__)
+  if (gemm_fast(path, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, Triangle::none)) return;
+#endif
+  (void)path;
+  gemm_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_f64(int m, int n, int k, double alpha, const double* A, int lda, const double* B, int ldb,
+              double beta, double* C, int ldc, Triangle shape) {
+  gemm_f64_on(best_gemm_path(), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, shape);
+}
+
 void gemm_f32(int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
               float* C, int ldc) {
-#if defined(__x86_64__)
-  if (have_avx2()) return gemm_avx2(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, Triangle::none);
-#endif
-  gemm_ref(m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_f32_on(best_gemm_path(), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace kiln::engine::cpu
