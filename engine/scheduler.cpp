@@ -49,11 +49,11 @@ struct Scheduler::Request {
   bool finishing = false;     // stop token or max_tokens reached
   bool in_callback = false;   // the session thread is inside on_token (the lock released)
   // Speculative decoding: `verify` is the step's tokens (the pending one, then the draft), its
-  // logits [T][V] and the GDN states after each position but the last. They stay until the next
-  // step: a callback that stops inside the accepted run rolls the history back to its token.
+  // logits [T][V] and what rolls the GDN states back to any position but the last. They stay until
+  // the next step: a callback that stops inside the accepted run rolls the history back to its token.
   std::vector<int32_t> verify;
   std::vector<float> verify_logits;
-  std::vector<std::vector<DeltaNetState>> gdn_after;
+  GdnRollback gdn_rollback;
   size_t verify_first = 0;  // result index of verify[0]
   int64_t verify_kept = 0;  // positions of the last verification kept in the history
   std::string error;
@@ -283,7 +283,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
 void Scheduler::roll_back_unreported(Request& r) {
   if (!r.stopped || r.forwarded <= r.acked || r.acked <= r.verify_first) return;
   const size_t position = r.acked - 1 - r.verify_first;  // < verify_kept − 1: a saved state
-  if (int64_t(position) + 1 >= r.verify_kept || position >= r.gdn_after.size()) return;
+  if (int64_t(position) + 1 >= r.verify_kept || int64_t(position) >= r.gdn_rollback.positions) return;
   Sequence& seq = *r.seq;
   const size_t drop = r.forwarded - r.acked;
   const bool computed = history_gap(seq) == 0;  // else preempted since: a restore recomputes it
@@ -291,7 +291,7 @@ void Scheduler::roll_back_unreported(Request& r) {
   seq.forget_after(int64_t(seq.tokens.size()));
   if (computed) {
     seq.state.n_past -= int64_t(drop);
-    seq.state.gdn.swap(r.gdn_after[position]);
+    network_.roll_back_gdn(r.gdn_rollback, int64_t(position) + 1, seq.state, nullptr);  // session thread: no pool
   } else if (seq.state.n_past > int64_t(seq.tokens.size())) {  // restored past the cut: again from 0
     network_.init_state(seq.state);
     seq.state.n_past = 0;
@@ -505,7 +505,7 @@ void Scheduler::run() {
       } else if (r.is_generate && plan[i].T > 1) {  // a token and its draft, verified in the decode form
         r.verify_logits.resize(size_t(plan[i].T * V));
         steps.push_back({r.verify.data(), plan[i].T, &seq.state, LogitRows::all, r.verify_logits.data(), true,
-                         &r.gdn_after});
+                         &r.gdn_rollback});
         rec.draft_rows += plan[i].T - 1;
       } else if (r.is_generate) {
         decode_tokens[i] = r.result.tokens[r.forwarded];
@@ -606,7 +606,7 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
       seq.last_logits.assign(r.verify_logits.begin() + (kept - 1) * V, r.verify_logits.begin() + kept * V);
       if (kept < T) {  // the rejected positions leave the caches: KV by length, GDN by the saved state
         seq.state.n_past -= T - kept;
-        seq.state.gdn.swap(r.gdn_after[size_t(kept - 1)]);
+        network_.roll_back_gdn(r.gdn_rollback, kept, seq.state, network_.pool());
       }
       note_verified(r, T - 1, kept - 1);
     }

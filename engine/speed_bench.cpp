@@ -39,7 +39,7 @@ uint64_t state_bytes(const Model& m, int64_t n_ctx) {
 }
 
 // Steps of a token and k = 0..max_draft draft tokens, run as the scheduler runs a verification
-// (sequential: each position in the decode form, GDN states saved for rollback) at the end of the
+// (sequential: each position in the decode form, recording what a GDN rollback replays) at the end of the
 // prompt; the sequence is set back after each step so every step sees the same context.
 Result<std::vector<VerifyCost>> verify_costs(Model& m, const std::vector<int32_t>& prompt, int max_draft, int runs) {
   const int64_t V = m.config().vocab_size;
@@ -52,7 +52,7 @@ Result<std::vector<VerifyCost>> verify_costs(Model& m, const std::vector<int32_t
     return make_error("bench: " + s.error());
   std::vector<float> logits(size_t(T_max * V));
   m.network().forward(prompt.data(), int64_t(prompt.size()), st, false, logits.data());
-  std::vector<std::vector<DeltaNetState>> saved;
+  GdnRollback saved;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
   std::vector<VerifyCost> out;

@@ -67,8 +67,12 @@ void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats)
     rows.row0[i + 1] = rows.row0[i] + seqs[i].T;
     // A sequential step of several positions gets the whole pool, as a prompt chunk does.
     (seqs[i].T == 1 ? rows.decode : rows.multi).push_back(i);
-    if (seqs[i].gdn_after && int64_t(seqs[i].gdn_after->size()) < seqs[i].T - 1)
-      seqs[i].gdn_after->resize(size_t(seqs[i].T - 1));
+    if (GdnRollback* rb = seqs[i].gdn_rollback) {
+      const size_t n_linear = seqs[i].state->gdn.size();
+      rb->before.resize(n_linear);
+      rb->positions = seqs[i].T - 1;
+      rb->inputs.resize(size_t(rb->positions) * n_linear * size_t(gdn_input_floats()));
+    }
   }
   const int64_t R = rows.total();
   if (R == 0) return;
@@ -170,6 +174,39 @@ void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const flo
   ops::matmul(pool_, o.data(), R, w.o_proj, out);
 }
 
+int64_t Qwen35Model::gdn_input_floats() const {
+  return c_.conv_dim() + c_.value_dim() + 2 * int64_t(c_.linear_num_value_heads);
+}
+
+ops::GdnDecodeArgs Qwen35Model::gdn_decode_args(const DeltaNetWeights& w, const float* qkv, const float* z,
+                                                const float* b, const float* a, DeltaNetState& st, CacheDtype dtype,
+                                                float* out) const {
+  return {c_.linear_num_key_heads, c_.linear_num_value_heads, c_.linear_key_head_dim, c_.linear_value_head_dim,
+          c_.linear_conv_kernel_dim, qkv, z, b, a, w.conv1d_taps.data(), st.conv.data(), dtype == CacheDtype::bf16,
+          w.A_log.data(), w.dt_bias.data(), w.norm.data(), c_.rms_norm_eps, st.recurrent.data(), out};
+}
+
+void Qwen35Model::roll_back_gdn(const GdnRollback& rb, int64_t positions, SequenceState& st, ThreadPool* pool) const {
+  const size_t n_linear = st.gdn.size(), per_input = size_t(gdn_input_floats());
+  const int64_t C = c_.conv_dim(), value_dim = c_.value_dim(), Hv = c_.linear_num_value_heads;
+  thread_local Buf discarded;  // the replayed positions' outputs were computed by the step itself
+  discarded.resize(size_t(value_dim));
+  int linear = 0;
+  for (const LayerWeights& L : w_.layers) {
+    if (L.type == LayerType::full_attention) continue;
+    DeltaNetState& s = st.gdn[size_t(linear)];
+    s.conv = rb.before[size_t(linear)].conv;
+    s.recurrent = rb.before[size_t(linear)].recurrent;
+    for (int64_t t = 0; t < positions; ++t) {
+      const float* rec = rb.inputs.data() + (size_t(t) * n_linear + size_t(linear)) * per_input;
+      ops::gated_delta_net_decode(
+          pool, gdn_decode_args(L.gdn, rec, rec + C, rec + C + value_dim, rec + C + value_dim + Hv, s, st.dtype,
+                                discarded.data()));
+    }
+    ++linear;
+  }
+}
+
 // Gated DeltaNet (§3.6): conv + SiLU, L2 norm, gated delta rule, gated RMSNorm, out_proj.
 void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const float* a, const Rows& rows,
                                   float* out) const {
@@ -215,20 +252,23 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
     const int64_t r0 = rows.row0[i];
     DeltaNetState& st = s.state->gdn[size_t(linear)];
     if (s.T == 1 || s.sequential) {  // decode: conv … gated norm fused, one parallel section (ops.h)
+      GdnRollback* rb = s.T > 1 ? s.gdn_rollback : nullptr;
+      if (rb) {  // copies reuse the buffers' capacity: no allocation after the first
+        rb->before[size_t(linear)].conv = st.conv;
+        rb->before[size_t(linear)].recurrent = st.recurrent;
+      }
+      const size_t n_linear = s.state->gdn.size(), per_input = size_t(gdn_input_floats());
       for (int64_t t = 0; t < s.T; ++t) {
         const int64_t r = r0 + t;
-        const ops::GdnDecodeArgs args{Hk, Hv, dk, dv, K, c_all + r * C, z_all + r * value_dim,
-                                      b_all + r * Hv, alpha_all + r * Hv, w.conv1d_taps.data(),
-                                      st.conv.data(), s.state->dtype == CacheDtype::bf16, w.A_log.data(),
-                                      w.dt_bias.data(), w.norm.data(), c_.rms_norm_eps, st.recurrent.data(),
-                                      o_all + r * value_dim};
-        ops::gated_delta_net_decode(pool, args);
-        if (s.gdn_after && t + 1 < s.T) {  // copies reuse the entries' capacity: no allocation after the first
-          std::vector<DeltaNetState>& after = (*s.gdn_after)[size_t(t)];
-          if (after.size() != s.state->gdn.size()) after.resize(s.state->gdn.size());
-          after[size_t(linear)].conv = st.conv;
-          after[size_t(linear)].recurrent = st.recurrent;
+        const float *qkv = c_all + r * C, *zr = z_all + r * value_dim, *br = b_all + r * Hv, *ar = alpha_all + r * Hv;
+        if (rb && t < rb->positions) {
+          float* rec = rb->inputs.data() + (size_t(t) * n_linear + size_t(linear)) * per_input;
+          rec = std::copy_n(qkv, C, rec);
+          rec = std::copy_n(zr, value_dim, rec);
+          rec = std::copy_n(br, Hv, rec);
+          std::copy_n(ar, Hv, rec);
         }
+        ops::gated_delta_net_decode(pool, gdn_decode_args(w, qkv, zr, br, ar, st, s.state->dtype, o_all + r * value_dim));
       }
       return;
     }

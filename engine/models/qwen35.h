@@ -26,7 +26,25 @@
 
 namespace kiln::engine {
 
+namespace ops {
+struct GdnDecodeArgs;
+}
+
 enum class LogitRows { none, last, all };
+
+// What a verification step (SeqStep::sequential) records so that its GDN states can be rolled
+// back to the end of any of its positions: the states at its start and, for every position but
+// the last, each linear layer's GDN inputs (the in_proj rows: conv_dim + value_dim + 2·Hv floats).
+// A rollback replays the decode step over the kept positions — the same op on the same inputs,
+// so the same bits as the states a plain decode reached. It costs one state copy per step and
+// the replay of the kept positions when a draft is cut; a copy of every layer's state after every
+// position cost T−1 states of memory and traffic (8 × 63 MB a session for the 35B-A3B at draft
+// length 8).
+struct GdnRollback {
+  std::vector<DeltaNetState> before;  // [n_linear] the states when the step began
+  std::vector<float> inputs;          // [position][n_linear][qkv | z | b | a]
+  int64_t positions = 0;              // positions recorded: T − 1
+};
 
 // One sequence's part of a batched step.
 struct SeqStep {
@@ -37,10 +55,10 @@ struct SeqStep {
   float* out = nullptr;             // [T][V] (all) or [V] (last); unused for none
   // Verifying a speculative draft: the T tokens run one after another in the decode form (paged
   // attention, recurrent GDN step), so every position's logits equal those of a plain decode step
-  // bit for bit. gdn_after, when set, receives the GDN states after positions 0 .. T−2
-  // ([T−1][n_linear], grown as needed): a draft rejected at position p rolls back to entry p.
+  // bit for bit. gdn_rollback, when set, records what Qwen35Model::roll_back_gdn needs to return
+  // the GDN states to the end of any position but the last (buffers grown as needed, then reused).
   bool sequential = false;
-  std::vector<std::vector<DeltaNetState>>* gdn_after = nullptr;
+  GdnRollback* gdn_rollback = nullptr;
 };
 
 // What one step did, for the batch bench.
@@ -65,6 +83,12 @@ class Qwen35Model {
   // Allocates zeroed GDN state for a new sequence.
   void init_state(SequenceState& st) const;
 
+  // Sets st's GDN states to those after the first `positions` (1 .. rb.positions) positions of
+  // the verification step rb recorded (its KV and n_past are the caller's). pool: where the
+  // replay runs (nullptr: on the calling thread; only the scheduler thread may pass the pool).
+  void roll_back_gdn(const GdnRollback& rb, int64_t positions, SequenceState& st, ThreadPool* pool) const;
+  ThreadPool* pool() const { return pool_; }  // the forward passes' (scheduler thread only)
+
  private:
   struct Rows;  // row offsets of the sequences in the concatenated batch
   void attention_block(const AttentionWeights& w, int layer_slot, const float* a, const Rows& rows,
@@ -72,6 +96,10 @@ class Qwen35Model {
   void delta_net_block(const DeltaNetWeights& w, int linear_index, const float* a, const Rows& rows,
                        float* out) const;
   void mlp_block(const MlpWeights& w, const float* a, int64_t T, float* out) const;
+  // A linear layer's decode-step inputs per position (qkv | z | b | a rows), in floats.
+  int64_t gdn_input_floats() const;
+  ops::GdnDecodeArgs gdn_decode_args(const DeltaNetWeights& w, const float* qkv, const float* z, const float* b,
+                                     const float* a, DeltaNetState& st, CacheDtype dtype, float* out) const;
   void moe_block(const MoeWeights& w, const float* a, int64_t T, float* out, StepStats* stats) const;
 
   const ModelConfig& c_;
