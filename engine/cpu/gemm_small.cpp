@@ -39,7 +39,8 @@ void gemm_f32_ref(int m, int n, int k, float alpha, const float* A, int lda, con
 // region per target: W = AVX2 vectors and W = AVX-512 vectors.
 // Every entry of C sums its k terms in order by FMA in both (a lane is a column), so the two give
 // the same bits whenever their column slabs cover the same columns (n a multiple of 32 floats /
-// 16 doubles: every delta-rule shape).
+// 16 doubles: the state products; a prompt's last partial chunk can differ in its last bits, as
+// columns past the slabs go through the plain loop).
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")

@@ -73,7 +73,7 @@ struct KernelTable {
 
 const KernelTable& kernels_ref();
 const KernelTable* kernels_avx2();    // nullptr unless the CPU has AVX2 + FMA + F16C
-const KernelTable* kernels_avx512();  // nullptr unless the CPU has AVX-512 F/BW/VL
+const KernelTable* kernels_avx512();  // nullptr unless the CPU has AVX-512 F/BW/VL + VNNI
 const KernelTable& kernels_best();    // the best of the above for this CPU, chosen once
 
 // Builds the kernel input from f32 activations x [n, k]; for q8/q4 this quantizes into `buf`
