@@ -266,20 +266,13 @@ void matmat(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
   for (int64_t r = r0; r < r1; r += kPanelRows) {
     const int64_t n = r1 - r < kPanelRows ? r1 - r : kPanelRows;
     unpack_panel<F>(w, r, n, p);
-    // The next panel's weights travel to L2 while this one computes, a slice per token tile: all
-    // at once, its 256+ line requests would fill the miss queues and stall the first tile.
-    const int64_t next_rows = r1 - (r + n) < kPanelRows ? r1 - (r + n) : kPanelRows;
-    const char* next = next_rows > 0 ? reinterpret_cast<const char*>(w.row(r + n)) : nullptr;
-    const int64_t next_lines = next ? (next_rows * static_cast<int64_t>(w.stride()) + 63) / 64 : 0;
-    const int64_t per_tile = (next_lines + x.n / kTokenTile) / (x.n / kTokenTile + 1);
-    int64_t sent = 0;
+    NextPanelPrefetch next(w, r + n, r1, x.n / kTokenTile);
     int64_t t = 0;
     for (; t + kTokenTile <= x.n; t += kTokenTile) {
-      for (const int64_t e = sent + per_tile < next_lines ? sent + per_tile : next_lines; sent < e; ++sent)
-        _mm_prefetch(next + 64 * sent, _MM_HINT_T1);
+      next.slice();
       panel_tile<F, kTokenTile>(p, x, t, y, ldy, r, n);
     }
-    for (; sent < next_lines; ++sent) _mm_prefetch(next + 64 * sent, _MM_HINT_T1);
+    next.rest();
     switch (x.n - t) {
       case 3: panel_tile<F, 3>(p, x, t, y, ldy, r, n); break;
       case 2: panel_tile<F, 2>(p, x, t, y, ldy, r, n); break;

@@ -186,6 +186,30 @@ void unpack_panel(const WeightMatrix& w, int64_t r, int64_t n, const QuantPanelS
   }
 }
 
+// The prefill kernels' prefetch of the next panel (rows [r, r + 16) ∩ [r, r1)) into L2 while the
+// current one computes, in even slices, one before each of `tiles` token tiles and the rest after:
+// all at once, its 256+ line requests would fill the miss queues and stall the first tile.
+class NextPanelPrefetch {
+ public:
+  NextPanelPrefetch(const WeightMatrix& w, int64_t r, int64_t r1, int64_t tiles) {
+    const int64_t rows = r1 - r < kPanelRows ? r1 - r : kPanelRows;
+    next_ = rows > 0 ? reinterpret_cast<const char*>(w.row(r)) : nullptr;
+    lines_ = next_ ? (rows * static_cast<int64_t>(w.stride()) + 63) / 64 : 0;
+    per_tile_ = (lines_ + tiles) / (tiles + 1);
+  }
+  void slice() {
+    for (const int64_t e = sent_ + per_tile_ < lines_ ? sent_ + per_tile_ : lines_; sent_ < e; ++sent_)
+      _mm_prefetch(next_ + 64 * sent_, _MM_HINT_T1);
+  }
+  void rest() {
+    for (; sent_ < lines_; ++sent_) _mm_prefetch(next_ + 64 * sent_, _MM_HINT_T1);
+  }
+
+ private:
+  const char* next_ = nullptr;
+  int64_t lines_ = 0, per_tile_ = 0, sent_ = 0;
+};
+
 // Tokens [t0, t0 + n) of x.
 inline MatmulInput token_range(const MatmulInput& x, int64_t t0, int64_t n) {
   MatmulInput v = x;
