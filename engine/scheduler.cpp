@@ -278,11 +278,12 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
 }
 
 // A callback that stopped at a token inside the last verified draft: the accepted tokens after it
-// were forwarded but never reported, and leave the history (the state is the one saved after the
-// stopping token). Called on the session thread once the request is done.
+// were forwarded but never reported, and leave the history (the GDN state is replayed up to the
+// stopping token). Called on the session thread once the request is done, under mu_: the replay
+// runs there without the pool, holding the scheduler for its length (rare: a stop inside a draft).
 void Scheduler::roll_back_unreported(Request& r) {
   if (!r.stopped || r.forwarded <= r.acked || r.acked <= r.verify_first) return;
-  const size_t position = r.acked - 1 - r.verify_first;  // < verify_kept − 1: a saved state
+  const size_t position = r.acked - 1 - r.verify_first;  // < verify_kept − 1: a recorded position
   if (int64_t(position) + 1 >= r.verify_kept || int64_t(position) >= r.gdn_rollback.positions) return;
   Sequence& seq = *r.seq;
   const size_t drop = r.forwarded - r.acked;
@@ -597,14 +598,14 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     seq.note_computed(kept, true);
     ++r.result.steps;
     if (T == 1) {
-      r.verify_kept = 0;  // no saved states from this step: nothing to roll back into
+      r.verify_kept = 0;  // nothing recorded by this step: nothing to roll back into
     } else {
       r.result.draft_tokens += T - 1;
       r.result.draft_accepted += kept - 1;
       r.verify_first = first;
       r.verify_kept = kept;
       seq.last_logits.assign(r.verify_logits.begin() + (kept - 1) * V, r.verify_logits.begin() + kept * V);
-      if (kept < T) {  // the rejected positions leave the caches: KV by length, GDN by the saved state
+      if (kept < T) {  // the rejected positions leave the caches: KV by length, GDN by replaying the kept ones
         seq.state.n_past -= T - kept;
         network_.roll_back_gdn(r.gdn_rollback, kept, seq.state, network_.pool());
       }
