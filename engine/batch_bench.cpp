@@ -60,6 +60,7 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
   if (o.sessions.empty() || *std::min_element(o.sessions.begin(), o.sessions.end()) < 1)
     return make_error("bench: --sessions needs one or more counts of at least 1");
   if (o.prompt_tokens < 1 || o.gen_tokens < 1) return make_error("bench: prompt and gen tokens must be at least 1");
+  if (o.fairness_decoders < 0) return make_error("bench: --fairness-decoders must be at least 0");
   const int max_n = *std::max_element(o.sessions.begin(), o.sessions.end());
   EngineOptions eo;
   eo.threads = o.threads;
@@ -194,7 +195,7 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
         return;
       }
       sched.clear_step_log();
-      while (sched.step_log().size() < 8) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      while (D > 0 && sched.step_log().size() < 8) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       t_prefill = now_s();
       auto r = (*big)->append(long_prompt);
       f.prefill_s = now_s() - t_prefill;

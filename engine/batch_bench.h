@@ -29,7 +29,7 @@ struct BatchBenchOptions {
   int runs = 1;  // decode rounds per concurrency (gen_tokens each); the median round is reported
   int64_t prefill_chunk = 512;
   int64_t fairness_prompt_tokens = 4096;  // 0: skip the fairness check
-  int fairness_decoders = 4;
+  int fairness_decoders = 4;  // 0: the prefill alone twice, a control for the machine's drift
   uint64_t seed = 1;
   bool progress = false;
 };

@@ -13,9 +13,12 @@
 // consecutive slots, so one 32-byte load holds pairs 2s and 2s+1 of a group: widened to int16,
 // lanes 0-7 are pair 2s of the eight blocks and lanes 8-15 pair 2s+1, and vpdpwssd against the
 // tokens' matching 32 activations accumulates each block's partial sums in two lanes. Eight such
-// steps cover a group; its two halves add (exact) and one FMA with the eight scales folds it.
-// Five to eight tokens: two streaming passes of up to four over each 16 rows (the second from
-// L1). Nine or more: the AVX2 kernel's int16 panel (16 rows × pair, one 512-bit vector), each
+// steps cover a group; its two halves add (exact) and one FMA with the eight scales folds it,
+// for two tokens at once in one 512-bit vector (the fold was a third of a 4-token tile's
+// instructions; kernels_bench 4096×1024, interleaved: 4 tokens 0.14-0.18 → 0.10-0.13 ms, 8
+// tokens 0.26-0.42 → 0.19-0.24 ms). Five to eight tokens: two streaming passes of up to four
+// over each 16 rows (the second from L1). One pass of 2 rows × 8 tokens or 1 × 8 was slower
+// (0.31-0.89 ms at 8 tokens): the tile's sums, activations and accumulators outgrow 32 registers. Nine or more: the AVX2 kernel's int16 panel (16 rows × pair, one 512-bit vector), each
 // token's column pair broadcast, 16 rows × 8 tokens per register tile.
 #include <cstdint>
 
@@ -25,9 +28,11 @@
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
-// GCC 12's own _mm512_cvtepi32_ps passes _mm512_undefined_ps() as its unused merge source, which
-// -Wmaybe-uninitialized reports at every use; nothing here reads an uninitialized value.
+// GCC 12's own _mm512_cvtepi32_ps and _mm512_castps512_ps256 pass _mm512_undefined_ps() /
+// _mm256_undefined_pd() as their unused merge source, which -W(maybe-)uninitialized reports at
+// every use; nothing here reads an uninitialized value.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include "engine/cpu/quant_tiles_avx2.h"
@@ -63,7 +68,18 @@ inline __m256i fold_halves(__m512i s) {
   return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
 }
 
-// ---- decode: one to four tokens, weights streamed once ----------------------------------------
+// Lanes i and i + 8 of a and of b folded (exact int32 adds): lanes 0-7 a's eight block sums,
+// lanes 8-15 b's.
+inline __m512i fold_pair(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
+}
+inline __m512 both_halves(__m256 v) {
+  const __m256i i = _mm256_castps_si256(v);
+  return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(i), i, 1));
+}
+inline __m256 upper_half(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
+
+// ---- decode: one to eight tokens, weights streamed once ----------------------------------------
 constexpr int64_t kPrefetchRows = 8;
 // Prefetched lines per step for R rows: a q8 row is ~4.25 lines a group and a group is 8 steps,
 // so R/2 lines a step keeps up, spread out (bursts stall the loads behind them).
@@ -92,9 +108,17 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
   const int64_t ahead_lines = R > 1 && prefetch_ahead ? (R * stride + 63) / 64 : 0;
   const int64_t ahead_step = (stride + nb - 1) / nb;
   int64_t sent = 0;
-  __m256 acc[R][NT];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  // Block partial sums fold two tokens at a time into one 512-bit vector: lanes 0-7 are token
+  // 2p's a_0..a_7, lanes 8-15 token 2p+1's (the same exact int32 adds and the same FMA per lane
+  // as a 256-bit vector per token, in half the instructions). An odd last token keeps 256 bits.
+  constexpr int NP = NT / 2;
+  constexpr bool kOdd = NT % 2 == 1;
+  __m512 acc2[R][NP > 0 ? NP : 1];
+  __m256 acc1[R];
+  for (int i = 0; i < R; ++i) {
+    for (int p = 0; p < NP; ++p) acc2[i][p] = _mm512_setzero_ps();
+    acc1[i] = _mm256_setzero_ps();
+  }
   for (int64_t g = 0; g < groups; ++g) {
     __m512i sum[R][NT];
     for (int i = 0; i < R; ++i)
@@ -117,22 +141,38 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
     }
     for (int i = 0; i < R; ++i) {
       const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + 8 * g)));
-      for (int j = 0; j < NT; ++j)
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(sum[i][j])), dv, acc[i][j]);
+      const __m512 dv2 = both_halves(dv);
+      for (int p = 0; p < NP; ++p)
+        acc2[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold_pair(sum[i][2 * p], sum[i][2 * p + 1])), dv2, acc2[i][p]);
+      if constexpr (kOdd)
+        acc1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_halves(sum[i][NT - 1])), dv, acc1[i]);
       if constexpr (F::Base::kOffset) {
         const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + nb + 8 * g)));
-        for (int j = 0; j < NT; ++j)
-          acc[i][j] = _mm256_fmadd_ps(
-              mv, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[j] + 8 * g))), acc[i][j]);
+        const __m512 mv2 = both_halves(mv);
+        for (int p = 0; p < NP; ++p) {
+          const __m512i xs = _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p] + 8 * g))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p + 1] + 8 * g)), 1);
+          acc2[i][p] = _mm512_fmadd_ps(mv2, _mm512_cvtepi32_ps(xs), acc2[i][p]);
+        }
+        if constexpr (kOdd)
+          acc1[i] = _mm256_fmadd_ps(
+              mv, _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[NT - 1] + 8 * g))),
+              acc1[i]);
       }
     }
   }
   for (; sent < ahead_lines; ++sent) _mm_prefetch(ahead + 64 * sent, _MM_HINT_T0);
-  if (groups * 8 < nb)
-    for (int i = 0; i < R; ++i)
-      stream_tail<typename F::Base, NT>(d[i], q[i], nb, groups * 8, nb - groups * 8, xq, xsum, acc[i]);
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = x.q16.d[j] * hsum(acc[i][j]);
+  for (int i = 0; i < R; ++i) {
+    __m256 acc[NT];
+    for (int p = 0; p < NP; ++p) {
+      acc[2 * p] = _mm512_castps512_ps256(acc2[i][p]);
+      acc[2 * p + 1] = upper_half(acc2[i][p]);
+    }
+    if constexpr (kOdd) acc[NT - 1] = acc1[i];
+    if (groups * 8 < nb) stream_tail<typename F::Base, NT>(d[i], q[i], nb, groups * 8, nb - groups * 8, xq, xsum, acc);
+    for (int j = 0; j < NT; ++j) y[j * ldy + r + i] = x.q16.d[j] * hsum(acc[j]);
+  }
 }
 
 // Rows per tile: R·NT accumulators + NT activation vectors + one weight vector of the 32.

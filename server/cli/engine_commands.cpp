@@ -358,6 +358,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
     bool json = false;
     std::string sessions;  // non-empty: the batching bench (engine/batch_bench.h)
     int64_t prefill_chunk = 512, fairness_prompt = 4096;
+    int fairness_decoders = 4;
     int draft_tokens = 0;
   };
   auto a = std::make_shared<Args>();
@@ -372,7 +373,10 @@ void add_bench(CLI::App& engine, Context& ctx) {
                   "Concurrencies to measure batched decoding at, e.g. 1,2,4,8,16 (sessions on their own threads)");
   sub->add_option("--prefill-chunk", a->prefill_chunk, "With --sessions: prefill tokens per scheduler step");
   sub->add_option("--fairness-prompt", a->fairness_prompt,
-                  "With --sessions: prefill admitted while 4 sessions decode (0: skip)");
+                  "With --sessions: prefill admitted while --fairness-decoders sessions decode (0: skip)");
+  sub->add_option("--fairness-decoders", a->fairness_decoders,
+                  "Sessions decoding while the fairness prompt prefills (0: the prefill alone twice, a control)")
+      ->check(CLI::Range(0, 64));
   sub->add_option("--draft-tokens", a->draft_tokens,
                   "Also time speculative verification steps of a token and 1..N draft tokens")
       ->check(CLI::Range(0, 16));
@@ -392,6 +396,7 @@ void add_bench(CLI::App& engine, Context& ctx) {
       common(o);
       o.prefill_chunk = a->prefill_chunk;
       o.fairness_prompt_tokens = a->fairness_prompt;
+      o.fairness_decoders = a->fairness_decoders;
       o.runs = a->runs;
       std::vector<int32_t> counts;
       std::string bad;
@@ -406,7 +411,8 @@ void add_bench(CLI::App& engine, Context& ctx) {
             a->cache_dtype + " --threads " + std::to_string(a->threads) + " --sessions " + a->sessions +
             " --prompt-tokens " + std::to_string(a->prompt_tokens) + " --gen-tokens " +
             std::to_string(a->gen_tokens) + " --runs " + std::to_string(a->runs) + " --prefill-chunk " +
-            std::to_string(a->prefill_chunk) + " --fairness-prompt " + std::to_string(a->fairness_prompt));
+            std::to_string(a->prefill_chunk) + " --fairness-prompt " + std::to_string(a->fairness_prompt) +
+            " --fairness-decoders " + std::to_string(a->fairness_decoders));
       return;
     }
     SpeedBenchOptions o;

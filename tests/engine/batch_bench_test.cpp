@@ -66,5 +66,35 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
   EXPECT_NE(r->to_table("cmd").find("median of 3 rounds"), std::string::npos);
 }
 
+// --fairness-decoders 0: the same prefill twice with nothing decoding, a control for how much
+// the machine drifts between the two runs. No decode step precedes it, and it is cut the same.
+TEST(BatchBench, FairnessWithoutDecodersRunsThePrefillTwiceAsAControl) {
+  TinyModelOptions tiny;
+  tiny.max_position_embeddings = 512;
+  const std::string dir = testing::make_model(tiny);
+  BatchBenchOptions o;
+  o.model_dir = dir;
+  o.threads = 2;
+  o.sessions = {1};
+  o.prompt_tokens = 8;
+  o.gen_tokens = 2;
+  o.prefill_chunk = 16;
+  o.fairness_prompt_tokens = 40;
+  o.fairness_decoders = 0;
+  auto r = run_batch_bench(o);
+  ASSERT_TRUE(r) << r.error();
+  ASSERT_TRUE(r->fairness.has_value());
+  EXPECT_EQ(r->fairness->decoders, 0);
+  EXPECT_EQ(r->fairness->worst_step_before_ms, 0);
+  EXPECT_GT(r->fairness->worst_step_during_ms, 0);
+  EXPECT_EQ(r->fairness->chunks, 3);
+  EXPECT_TRUE(r->fairness->same_cut);
+
+  o.fairness_decoders = -1;
+  auto bad = run_batch_bench(o);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("--fairness-decoders"), std::string::npos) << bad.error();
+}
+
 }  // namespace
 }  // namespace kiln::engine
