@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "engine/cpu/denormals.h"
+
 namespace kiln::engine {
 namespace {
 
@@ -257,6 +259,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
       work_.notify_one();
       r.done_cv.wait(lock, [&] { return r.done || (!r.in_step && r.can_finish()); });
       if (auto it = std::find(queue_.begin(), queue_.end(), &r); it != queue_.end()) queue_.erase(it);
+      lock.unlock();
       roll_back_unreported(r);
       std::rethrow_exception(thrown);
     }
@@ -270,6 +273,7 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
     }
     work_.notify_one();
   }
+  lock.unlock();
   roll_back_unreported(r);
   if (!r.error.empty()) return make_error(r.error);
   r.result.tokens.resize(r.forwarded);
@@ -279,8 +283,11 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
 
 // A callback that stopped at a token inside the last verified draft: the accepted tokens after it
 // were forwarded but never reported, and leave the history (the GDN state is replayed up to the
-// stopping token). Called on the session thread once the request is done, under mu_: the replay
-// runs there without the pool, holding the scheduler for its length (rare: a stop inside a draft).
+// stopping token). Called on the session thread once the request is done and out of the queue,
+// without mu_: nothing else touches the sequence now (the scheduler only through queued requests,
+// an idle reclaim not during the session's call), so the replay, on this thread without the
+// pool, does not hold up the other sessions' steps. It runs in the engine's float mode, as the
+// scheduler thread does, so it reaches the same bits.
 void Scheduler::roll_back_unreported(Request& r) {
   if (!r.stopped || r.forwarded <= r.acked || r.acked <= r.verify_first) return;
   const size_t position = r.acked - 1 - r.verify_first;  // < verify_kept − 1: a recorded position
@@ -292,6 +299,7 @@ void Scheduler::roll_back_unreported(Request& r) {
   seq.forget_after(int64_t(seq.tokens.size()));
   if (computed) {
     seq.state.n_past -= int64_t(drop);
+    const cpu::EngineFloatModeScope float_mode;
     network_.roll_back_gdn(r.gdn_rollback, int64_t(position) + 1, seq.state, nullptr);  // session thread: no pool
   } else if (seq.state.n_past > int64_t(seq.tokens.size())) {  // restored past the cut: again from 0
     network_.init_state(seq.state);
@@ -465,6 +473,7 @@ const std::vector<Scheduler::Planned>& Scheduler::plan_step() {
 }
 
 void Scheduler::run() {
+  cpu::set_engine_float_mode();  // not whatever the thread that loaded the model had set
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<SeqStep> steps;
   std::vector<int32_t> decode_tokens;

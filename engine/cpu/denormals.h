@@ -1,4 +1,5 @@
-// Flushing denormal floats to zero inside a scope, on the calling thread.
+// The engine's float mode: flushing denormal floats to zero inside a scope, on the calling thread,
+// and the standard rounding mode on every thread that runs engine kernels.
 //
 // The gated delta rule multiplies by decays e^{Γ} that reach 1e-40 and below within a chunk on
 // heads with strong forgetting, and the state keeps what they leave: operations on such denormal
@@ -27,6 +28,33 @@ class FlushDenormalsScope {
  private:
 #if defined(__x86_64__)
   static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;  // MXCSR bits
+  unsigned saved_;
+#endif
+};
+
+// Round to nearest, every exception masked, no flushing: the x86-64 default MXCSR. Kernels
+// assume it (quantizers round, the definition's sums round to nearest), and a session's results
+// must not depend on which thread computed them: the scheduler thread and the pool workers set
+// it when they start, and work that repeats on a session thread what the scheduler computed (a
+// GDN replay) runs under EngineFloatModeScope, whatever mode an embedder left on that thread.
+#if defined(__x86_64__)
+inline constexpr unsigned kEngineMxcsr = 0x1f80;
+inline void set_engine_float_mode() { _mm_setcsr(kEngineMxcsr); }
+#else
+inline void set_engine_float_mode() {}
+#endif
+
+class EngineFloatModeScope {
+ public:
+#if defined(__x86_64__)
+  EngineFloatModeScope() : saved_(_mm_getcsr()) { _mm_setcsr(kEngineMxcsr); }
+  ~EngineFloatModeScope() { _mm_setcsr(saved_); }
+#endif
+  EngineFloatModeScope(const EngineFloatModeScope&) = delete;
+  EngineFloatModeScope& operator=(const EngineFloatModeScope&) = delete;
+
+ private:
+#if defined(__x86_64__)
   unsigned saved_;
 #endif
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/cpu/denormals.h"
+
 namespace kiln::engine {
 
 namespace {
@@ -45,6 +47,7 @@ int64_t ThreadPool::run_chunks() {
 }
 
 void ThreadPool::worker_loop() {
+  cpu::set_engine_float_mode();  // not whatever the thread that built the pool had set
   uint64_t seen = state_.load(std::memory_order_acquire) >> (2 * kChunkBits);
   for (;;) {
     auto fresh = [&] { return (state_.load() >> (2 * kChunkBits)) != seen; };

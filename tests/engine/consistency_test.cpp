@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "engine/engine.h"
 #include "test_models.h"
@@ -200,6 +203,26 @@ TEST(Session, SessionsOnSeparateThreadsMatchSequentialRuns) {
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i], expected[i]) << "session " << i;
 }
+
+#if defined(__x86_64__)
+// The scheduler and pool threads inherit the float mode of the thread that loads the model; they
+// reset it to the engine's, so a model loaded (and used) from a thread rounding toward zero
+// gives the same logits as one loaded from a standard thread.
+TEST(Session, LogitsDoNotDependOnTheCallersRoundingMode) {
+  const std::string dir = make_model(TinyModelOptions{});
+  const auto prompt = random_tokens(40, 256, 5);
+  auto standard_model = Model::load(dir);
+  ASSERT_TRUE(standard_model.ok()) << standard_model.error();
+  const auto want = run(**standard_model, prompt, 30);
+  const unsigned standard = _mm_getcsr();
+  _mm_setcsr(standard | 0x6000);  // MXCSR RC bits: round toward zero
+  auto model = Model::load(dir);
+  const auto got = model.ok() ? run(**model, prompt, 30) : std::vector<float>();
+  model = make_error("unloaded");  // the threads stop while the mode is still set
+  _mm_setcsr(standard);
+  EXPECT_TRUE(got == want) << "logits changed with the loading thread's rounding mode";
+}
+#endif
 
 TEST(Generate, SameSeedSameTokensAndStopsOnStopToken) {
   auto model = Model::load(make_model(TinyModelOptions{}));

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "engine/engine.h"
 #include "engine/prompt_lookup.h"
@@ -261,6 +264,26 @@ TEST_P(Speculative, CallbackStopInsideAnAcceptedRunRollsBack) {
     expect_same(plain, spec, std::string(c.name) + " callback stops after " + std::to_string(k));
   }
 }
+
+#if defined(__x86_64__)
+// The rollback of a callback stop replays GDN steps on the session's own thread. An embedder may
+// have left another rounding mode there (here round toward zero): the replay still runs in the
+// engine's mode and reaches the scheduler's bits, so history, logits and caches match plain decoding.
+TEST_P(Speculative, RollbackOnTheSessionThreadIgnoresItsRoundingMode) {
+  Model& m = *f.model;
+  GenerateOptions g;
+  g.max_tokens = 60;
+  const unsigned standard = _mm_getcsr();
+  constexpr unsigned kRoundTowardZero = 0x6000;  // MXCSR RC bits
+  for (size_t k = 2; k < 60; k += 3) {
+    const Outcome plain = run(m, f.prompt, g, 0, k);
+    _mm_setcsr(standard | kRoundTowardZero);
+    const Outcome spec = run(m, f.prompt, g, 4, k);
+    _mm_setcsr(standard);
+    expect_same(plain, spec, std::string(c.name) + " round toward zero, callback stops after " + std::to_string(k));
+  }
+}
+#endif
 
 // Four sessions decoding at once (with drafts, or without) in a KV pool too small for all of
 // them: drafts fall back to single tokens when pages are short, sessions wait, or are preempted
