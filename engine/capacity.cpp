@@ -11,7 +11,7 @@
 namespace kiln::engine {
 
 CapacityPlan plan_capacity(const ModelConfig& c, int64_t budget_bytes, int max_sessions, CacheDtype dtype,
-                           int64_t page_tokens) {
+                           int64_t page_tokens, int draft_tokens) {
   CapacityPlan p;
   p.budget_bytes = budget_bytes;
   p.max_sessions = max_sessions;
@@ -21,9 +21,17 @@ CapacityPlan plan_capacity(const ModelConfig& c, int64_t budget_bytes, int max_s
   const int64_t conv = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() * int64_t(cache_dtype_size(dtype));
   const int64_t recurrent = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
   p.state_bytes_per_session = int64_t(c.n_linear_layers()) * (conv + recurrent);
+  p.draft_tokens = std::max(draft_tokens, 0);
+  if (p.draft_tokens > 0) {
+    const int64_t gdn_inputs = (c.conv_dim() + c.value_dim() + 2 * int64_t(c.linear_num_value_heads)) * 4;
+    p.speculative_bytes_per_session = p.state_bytes_per_session +
+                                      int64_t(p.draft_tokens) * c.n_linear_layers() * gdn_inputs +
+                                      int64_t(p.draft_tokens + 1) * c.vocab_size * 4;
+  }
   p.page_tokens = page_tokens;
   p.page_bytes = layout.page_bytes();
-  const int64_t for_kv = budget_bytes - int64_t(max_sessions) * p.state_bytes_per_session;
+  const int64_t for_kv =
+      budget_bytes - int64_t(max_sessions) * (p.state_bytes_per_session + p.speculative_bytes_per_session);
   p.pages = (for_kv > 0 && p.page_bytes > 0) ? for_kv / p.page_bytes : 0;
   p.kv_tokens = p.pages * page_tokens;
   p.max_position_embeddings = c.max_position_embeddings;
@@ -39,19 +47,22 @@ std::string CapacityPlan::to_text() const {
      << ", cache dtype " << cache_dtype_name(dtype) << "\n"
      << "kv bytes per token: " << kv_bytes_per_token << "\n"
      << "fixed state bytes per session: " << state_bytes_per_session << " (" << state_bytes_per_session / mib
-     << " MiB)\n"
-     << "page: " << page_tokens << " tokens, " << page_bytes << " bytes; pages: " << pages << "\n"
+     << " MiB)\n";
+  if (draft_tokens > 0)
+    os << "speculative scratch bytes per session (drafts of " << draft_tokens << "): " << speculative_bytes_per_session
+       << " (" << speculative_bytes_per_session / mib << " MiB)\n";
+  os << "page: " << page_tokens << " tokens, " << page_bytes << " bytes; pages: " << pages << "\n"
      << "kv capacity: " << kv_tokens << " tokens\n"
      << "full-length sessions (" << max_position_embeddings << " tokens): " << full_length_sessions << "\n";
   return os.str();
 }
 
 int64_t kv_budget_for(const ModelConfig& c, int max_sessions, CacheDtype dtype, int64_t tokens_per_session,
-                      int64_t page_tokens) {
-  const CapacityPlan unit = plan_capacity(c, 0, 1, dtype, page_tokens);
+                      int64_t page_tokens, int draft_tokens) {
+  const CapacityPlan unit = plan_capacity(c, 0, 1, dtype, page_tokens, draft_tokens);
   const int64_t pages = (std::max<int64_t>(tokens_per_session, 0) + page_tokens - 1) / page_tokens;
   const int64_t kv = unit.kv_bytes_per_token > 0 ? pages * unit.page_bytes : 0;  // no full-attention layer: none
-  return int64_t(std::max(max_sessions, 1)) * (unit.state_bytes_per_session + kv);
+  return int64_t(std::max(max_sessions, 1)) * (unit.state_bytes_per_session + unit.speculative_bytes_per_session + kv);
 }
 
 namespace {

@@ -34,11 +34,12 @@ Result<std::unique_ptr<Model>> Model::load_checked(const std::string& dir, const
   m->weights_ = std::move(w).value();
   if (options.max_sessions < 1) return make_error("engine options: max_sessions must be at least 1");
   m->plan_ = plan_capacity(m->config_, options.kv_budget_bytes, options.max_sessions, options.cache_dtype,
-                           options.page_tokens);
+                           options.page_tokens, options.max_draft_tokens);
   if (m->config_.n_full_layers() > 0 && m->plan_.pages < 1)
     return make_error("KV budget of " + std::to_string(options.kv_budget_bytes) + " bytes leaves no KV page after " +
                       std::to_string(options.max_sessions) + " sessions' fixed state of " +
-                      std::to_string(m->plan_.state_bytes_per_session) + " bytes each");
+                      std::to_string(m->plan_.state_bytes_per_session + m->plan_.speculative_bytes_per_session) +
+                      " bytes each");
   m->pool_ = std::make_unique<ThreadPool>(options.threads);
   if (options.weights) {
     WeightLoadOptions wo{*options.weights, options.quantize_lm_head, options.weight_cache, options.progress};

@@ -65,6 +65,9 @@ struct EngineOptions {
   // Prefill tokens per scheduler step: a longer prompt is cut into chunks of this many tokens so
   // that decoding sessions wait at most one chunk per step.
   int64_t prefill_chunk = 512;
+  // The longest speculative draft generate calls will verify (GenerateOptions::speculative): each
+  // session's verification scratch is planned into kv_budget_bytes like its GDN state (capacity.h).
+  int max_draft_tokens = 0;
 };
 
 struct OpenOptions {

@@ -49,20 +49,21 @@ void resolve_kv_budgets(ServerConfig& config, int64_t usable_memory, std::ostrea
       int64_t budget = kFallback;
       if (mc) {
         const int64_t tokens = std::min<int64_t>(mc->max_position_embeddings, kAutoKvTokensPerSession);
-        budget = engine::kv_budget_for(*mc, m.max_sessions, dtype, tokens);
+        budget = engine::kv_budget_for(*mc, m.max_sessions, dtype, tokens, 16, m.draft_tokens);
         const auto weights = int64_t(weight_bytes_estimate(checkpoint_bytes(m.path), m.weights));
         int64_t cap = std::numeric_limits<int64_t>::max();
         if (usable_memory > 0) cap = std::max<int64_t>(usable_memory - weights, 0) / 2;
         if (config.memory_budget_bytes > 0)
           cap = std::min(cap, std::max<int64_t>(int64_t(std::min<uint64_t>(config.memory_budget_bytes, INT64_MAX)) - weights, 0));
         // Below this not even a short build fits; such a model is not meant for this machine.
-        cap = std::max(cap, engine::kv_budget_for(*mc, m.max_sessions, dtype, 4096));
+        cap = std::max(cap, engine::kv_budget_for(*mc, m.max_sessions, dtype, 4096, 16, m.draft_tokens));
         budget = std::min(budget, cap);
       }
       m.kv_budget_bytes = uint64_t(budget);
     }
     if (!mc) continue;
-    const engine::CapacityPlan plan = engine::plan_capacity(*mc, int64_t(m.kv_budget_bytes), m.max_sessions, dtype);
+    const engine::CapacityPlan plan =
+        engine::plan_capacity(*mc, int64_t(m.kv_budget_bytes), m.max_sessions, dtype, 16, m.draft_tokens);
     const int64_t per_session = mc->n_full_layers() > 0 ? plan.kv_tokens / std::max(1, m.max_sessions)
                                                         : mc->max_position_embeddings;
     log << "level=info msg=\"kv budget\" model=" << m.name << " kv_budget_bytes=" << m.kv_budget_bytes
@@ -232,6 +233,7 @@ agent::Result<std::unique_ptr<agent::ChatModel>> ModelHost::open(const std::stri
     options.threads = s.config.threads;
     options.kv_budget_bytes = static_cast<int64_t>(s.config.kv_budget_bytes);
     options.max_sessions = s.config.max_sessions;
+    options.max_draft_tokens = s.config.draft_tokens;
     options.weights = engine::cpu::parse_weight_choice(s.config.weights).value_or(std::nullopt);  // validated
     options.cache_dtype = engine::parse_cache_dtype(s.config.cache_dtype).value_or(engine::CacheDtype::f32);  // validated
     std::shared_ptr<Loaded> loaded;

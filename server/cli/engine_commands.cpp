@@ -145,6 +145,7 @@ void add_plan(CLI::App& engine, Context& ctx) {
     std::string model, config, budget = "36GiB", dtype = "both";
     int sessions = 16;
     int64_t page_tokens = 16;
+    int draft_tokens = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = engine.add_subcommand("plan", "Plan KV capacity for a memory budget");
@@ -154,6 +155,9 @@ void add_plan(CLI::App& engine, Context& ctx) {
   sub->add_option("--max-sessions", a->sessions, "Concurrent sessions");
   sub->add_option("--kv-dtype", a->dtype, "bf16, f32 or both")->check(CLI::IsMember({"bf16", "f32", "both"}));
   sub->add_option("--page-tokens", a->page_tokens, "Tokens per KV page");
+  sub->add_option("--draft-tokens", a->draft_tokens,
+                  "Longest speculative draft (the server's draft_tokens): its per-session scratch is planned too")
+      ->check(CLI::Range(0, 16));
   sub->callback([&ctx, a] {
     if (a->model.empty() == a->config.empty()) {
       ctx.err << "kiln engine plan: give --model DIR or --config FILE\n";
@@ -168,7 +172,7 @@ void add_plan(CLI::App& engine, Context& ctx) {
             << " Gated DeltaNet layers\n";
     for (CacheDtype d : {CacheDtype::bf16, CacheDtype::f32}) {
       if (a->dtype != "both" && a->dtype != cache_dtype_name(d)) continue;
-      ctx.out << "\n" << plan_capacity(*c, budget, a->sessions, d, a->page_tokens).to_text();
+      ctx.out << "\n" << plan_capacity(*c, budget, a->sessions, d, a->page_tokens, a->draft_tokens).to_text();
     }
   });
 }

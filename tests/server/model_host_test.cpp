@@ -208,7 +208,9 @@ struct BigModelConfig {
   }
   int64_t tokens_per_session() const {
     const ModelConfig& m = config.models[0];
-    return engine::plan_capacity(layout, int64_t(m.kv_budget_bytes), m.max_sessions, engine::CacheDtype::f32).kv_tokens /
+    return engine::plan_capacity(layout, int64_t(m.kv_budget_bytes), m.max_sessions, engine::CacheDtype::f32, 16,
+                                 m.draft_tokens)
+               .kv_tokens /
            m.max_sessions;
   }
 };
@@ -219,7 +221,9 @@ TEST(KvBudget, AutoGivesEverySessionRoomForAnAgentBuildWhenMemoryAllows) {
   std::ostringstream log;
   resolve_kv_budgets(t.config, int64_t(64) << 30, log);
   EXPECT_EQ(int64_t(t.config.models[0].kv_budget_bytes),
-            engine::kv_budget_for(t.layout, 4, engine::CacheDtype::f32, kAutoKvTokensPerSession));
+            engine::kv_budget_for(t.layout, 4, engine::CacheDtype::f32, kAutoKvTokensPerSession, 16,
+                                  t.config.models[0].draft_tokens));
+  EXPECT_EQ(t.config.models[0].draft_tokens, 8);  // the default: its scratch is in the budget
   EXPECT_EQ(t.tokens_per_session(), kAutoKvTokensPerSession);
   EXPECT_NE(log.str().find("tokens_per_session=65536"), std::string::npos) << log.str();
   EXPECT_EQ(log.str().find("level=warn"), std::string::npos) << log.str();
