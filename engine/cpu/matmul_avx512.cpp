@@ -9,7 +9,7 @@
 // final fold) are the same operations in the same order, so a session's logits are the same on
 // this table, on AVX2 and on the reference (KernelMatmul.*, Batched.*).
 //
-// Decode (1-4 tokens): as on AVX2, quants in slot order (quant.h) put pair p of eight blocks in 16
+// Decode (1-4 tokens a pass): as on AVX2, quants in slot order (quant.h) put pair p of eight blocks in 16
 // consecutive slots, so one 32-byte load holds pairs 2s and 2s+1 of a group: widened to int16,
 // lanes 0-7 are pair 2s of the eight blocks and lanes 8-15 pair 2s+1, and vpdpwssd against the
 // tokens' matching 32 activations accumulates each block's partial sums in two lanes. Eight such
@@ -17,9 +17,11 @@
 // for two tokens at once in one 512-bit vector (the fold was a third of a 4-token tile's
 // instructions; kernels_bench 4096×1024, interleaved: 4 tokens 0.14-0.18 → 0.10-0.13 ms, 8
 // tokens 0.26-0.42 → 0.19-0.24 ms). Five to eight tokens: two streaming passes of up to four
-// over each 16 rows (the second from L1). One pass of 2 rows × 8 tokens or 1 × 8 was slower
-// (0.31-0.89 ms at 8 tokens): the tile's sums, activations and accumulators outgrow 32 registers. Nine or more: the AVX2 kernel's int16 panel (16 rows × pair, one 512-bit vector), each
-// token's column pair broadcast, 16 rows × 8 tokens per register tile.
+// over each 16 rows (the second from L1), and so on up to 32 tokens (q8) or 16 (q4): see
+// kStreamPassTokens. One pass of 2 rows × 8 tokens or 1 × 8 was slower (0.31-0.89 ms at 8
+// tokens): the tile's sums, activations and accumulators outgrow 32 registers. More tokens
+// (prefill): the AVX2 kernel's int16 panel (16 rows × pair, one 512-bit vector), each token's
+// column pair broadcast, 16 rows × 8 tokens per register tile.
 #include <cstdint>
 
 #include "engine/cpu/cpu_features.h"
@@ -46,14 +48,21 @@ using tiles::hsum;  // the fixed final order of the definition
 using tiles::prefetch_span;
 
 // Pairs 2s and 2s+1 (s = 0..7) of the eight blocks of group g, widened to int16.
+// kStreamPassTokens: up to this many tokens, passes of four over each 16 rows (the later ones from
+// L1) beat unpacking the rows into int16 panels. kernels_bench 4096×1024, interleaved: q8 at 9-16
+// tokens 0.26-0.51 ms against 0.49-0.72 with panels, at 32 0.77-1.13 against 1.20-1.26, at 64
+// 1.9 against 1.7-3.6; q4 (whose nibbles every pass unpacks again) at 16 tokens 0.50-0.60
+// against 0.70-0.98, at 24 even.
 struct Q8x {
   using Base = Q8;
+  static constexpr int64_t kStreamPassTokens = 32;
   static __m512i pairs(const uint8_t* q, int64_t g, int s) {
     return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 256 + s * 32)));
   }
 };
 struct Q4x {
   using Base = Q4;
+  static constexpr int64_t kStreamPassTokens = 16;
   // A group's byte o holds slot o (low nibble) and o + 128 (high): steps 0-3 are low nibbles of
   // bytes 32s.., steps 4-7 the high nibbles of the same bytes.
   static __m512i pairs(const uint8_t* q, int64_t g, int s) {
@@ -202,7 +211,7 @@ void stream(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy, 
   }
 }
 
-// ---- nine tokens or more: 16-row panels × tiles of up to 8 tokens -----------------------------
+// ---- prefill: 16-row panels × tiles of up to 8 tokens ------------------------------------------
 constexpr int kTokenTile = 8;
 
 // One block of a panel (pair pr of 16 rows: one vector) × NT tokens into acc[NT]; token j's pair
@@ -295,14 +304,16 @@ void dispatch(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ldy
   if (r1 <= r0 || x.n <= 0) return;
   static_assert(kQuantStreamMaxTokens == 4, "the cases below");
   if (x.n <= 4) return stream<F>(w, x, y, ldy, r0, r1, true, true);
-  if (x.n <= 8) {
-    // Two passes over each 16 rows: the first streams them from memory (prefetching ahead; only
-    // the first strip starts cold), the second reads them from L1 and requests nothing.
-    const MatmulInput a = token_range(x, 0, 4), b = token_range(x, 4, x.n - 4);
+  if (x.n <= F::kStreamPassTokens) {
+    // Passes of up to four tokens over each 16 rows: the first streams them from memory
+    // (prefetching ahead; only the first strip starts cold), the others read them from L1 and
+    // request nothing.
     for (int64_t r = r0; r < r1; r += kPanelRows) {
       const int64_t re = r + kPanelRows < r1 ? r + kPanelRows : r1;
-      stream<F>(w, a, y, ldy, r, re, true, r == r0);
-      stream<F>(w, b, y + 4 * ldy, ldy, r, re, false, false);
+      for (int64_t t = 0; t < x.n; t += 4) {
+        const MatmulInput part = token_range(x, t, x.n - t < 4 ? x.n - t : 4);
+        stream<F>(w, part, y + t * ldy, ldy, r, re, t == 0, t == 0 && r == r0);
+      }
     }
     return;
   }

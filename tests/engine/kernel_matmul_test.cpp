@@ -114,13 +114,13 @@ void expect_matches_ref(const KernelTable& kt, WeightFormat f, const Shape& s, u
   }
 }
 
-// Streaming tiles take 1-4 tokens over R rows (R = 1, 4, 3, 2): the shapes give each token count
+// Streaming tiles take 1-4 tokens a pass over R rows (R = 1, 4, 3, 2): the shapes give each token count
 // whole groups of eight blocks, a trailing part (288 = 9 blocks, 800 = 25) and rows left over.
 const Shape kShapes[] = {
     {1, 32, 1},   {5, 64, 1},     {37, 96, 1},  {64, 1024, 1}, {7, 288, 3},
     {2, 32, 4},   {9, 256, 5},    {33, 512, 70}, {64, 1024, 9}, {3, 2048, 130},
     {7, 800, 2},  {11, 288, 4},   {10, 512, 3},  {13, 800, 6},  {19, 288, 8},
-    {21, 288, 23}, {35, 512, 14}, {16, 96, 12},
+    {21, 288, 23}, {35, 512, 14}, {16, 96, 12}, {18, 800, 31}, {7, 288, 32}, {5, 96, 33},
 };
 
 TEST(KernelMatmul, FastTablesMatchReferenceForEveryFormatAndShape) {
@@ -142,10 +142,12 @@ TEST(KernelMatmul, QuantizedOutputsDoNotDependOnTheTokensSharingTheCall) {
   if (kernels_avx512()) tables.push_back(kernels_avx512());
   for (const KernelTable* kt : tables)
     for (WeightFormat f : {WeightFormat::q8, WeightFormat::q4})
-      // 2 and 4 tokens stream; 5, 7 and 8 stream in two passes; 9 and more use panels (tiles of
-      // 4 tokens on AVX2, 8 on AVX-512, and every tail width).
+      // 2 and 4 tokens stream; 5, 7 and 8 stream in two passes; more use panels (tiles of 4
+      // tokens on AVX2, 8 on AVX-512, and every tail width), except on AVX-512 where q8 streams in
+      // passes up to 32 tokens and q4 up to 16.
       for (const Shape& s : {Shape{45, 288, 7}, Shape{16, 256, 4}, Shape{21, 1024, 11}, Shape{3, 64, 2}, Shape{37, 96, 5},
-                             Shape{33, 128, 8}, Shape{18, 64, 9}, Shape{29, 512, 23}, Shape{17, 288, 14}}) {
+                             Shape{33, 128, 8}, Shape{18, 64, 9}, Shape{29, 512, 23}, Shape{17, 288, 14},
+                             Shape{19, 288, 16}, Shape{23, 96, 17}, Shape{13, 288, 32}, Shape{9, 64, 33}}) {
         const auto w = gaussian(s.rows * s.cols, 11);
         const auto x = gaussian(s.n * s.cols, 12);
         const Stored st = store(f, w, s.rows, s.cols);
