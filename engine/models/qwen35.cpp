@@ -41,6 +41,24 @@ void for_each_sequence(ThreadPool* pool, const std::vector<size_t>& decode, cons
   for (size_t i : multi) fn(i, pool);
 }
 
+// One recorded position's GDN inputs for one linear layer in GdnRollback::inputs, laid out
+// [position][linear layer][qkv (conv_dim) | z (value_dim) | b (Hv) | a (Hv)]: the one place that
+// knows the layout, for the step that writes it and the replay that reads it.
+template <class F>  // float (writing) or const float (reading)
+struct GdnRecord {
+  F *qkv, *z, *b, *a;
+};
+int64_t gdn_record_floats(const ModelConfig& c) {
+  return c.conv_dim() + c.value_dim() + 2 * int64_t(c.linear_num_value_heads);
+}
+template <class F>
+GdnRecord<F> gdn_record(F* inputs, const ModelConfig& c, int64_t position, size_t n_linear, int linear) {
+  F* rec = inputs + (size_t(position) * n_linear + size_t(linear)) * size_t(gdn_record_floats(c));
+  F* z = rec + c.conv_dim();
+  F* b = z + c.value_dim();
+  return {rec, z, b, b + c.linear_num_value_heads};
+}
+
 }  // namespace
 
 void Qwen35Model::init_state(SequenceState& st) const {
@@ -71,7 +89,7 @@ void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats)
       const size_t n_linear = seqs[i].state->gdn.size();
       rb->before.resize(n_linear);
       rb->positions = seqs[i].T - 1;
-      rb->inputs.resize(size_t(rb->positions) * n_linear * size_t(gdn_input_floats()));
+      rb->inputs.resize(size_t(rb->positions) * n_linear * size_t(gdn_record_floats(c_)));
     }
   }
   const int64_t R = rows.total();
@@ -174,10 +192,6 @@ void Qwen35Model::attention_block(const AttentionWeights& w, int slot, const flo
   ops::matmul(pool_, o.data(), R, w.o_proj, out);
 }
 
-int64_t Qwen35Model::gdn_input_floats() const {
-  return c_.conv_dim() + c_.value_dim() + 2 * int64_t(c_.linear_num_value_heads);
-}
-
 ops::GdnDecodeArgs Qwen35Model::gdn_decode_args(const DeltaNetWeights& w, const float* qkv, const float* z,
                                                 const float* b, const float* a, DeltaNetState& st, CacheDtype dtype,
                                                 float* out) const {
@@ -187,8 +201,8 @@ ops::GdnDecodeArgs Qwen35Model::gdn_decode_args(const DeltaNetWeights& w, const 
 }
 
 void Qwen35Model::roll_back_gdn(const GdnRollback& rb, int64_t positions, SequenceState& st, ThreadPool* pool) const {
-  const size_t n_linear = st.gdn.size(), per_input = size_t(gdn_input_floats());
-  const int64_t C = c_.conv_dim(), value_dim = c_.value_dim(), Hv = c_.linear_num_value_heads;
+  const size_t n_linear = st.gdn.size();
+  const int64_t value_dim = c_.value_dim();
   thread_local Buf discarded;  // the replayed positions' outputs were computed by the step itself
   discarded.resize(size_t(value_dim));
   int linear = 0;
@@ -198,10 +212,8 @@ void Qwen35Model::roll_back_gdn(const GdnRollback& rb, int64_t positions, Sequen
     s.conv = rb.before[size_t(linear)].conv;
     s.recurrent = rb.before[size_t(linear)].recurrent;
     for (int64_t t = 0; t < positions; ++t) {
-      const float* rec = rb.inputs.data() + (size_t(t) * n_linear + size_t(linear)) * per_input;
-      ops::gated_delta_net_decode(
-          pool, gdn_decode_args(L.gdn, rec, rec + C, rec + C + value_dim, rec + C + value_dim + Hv, s, st.dtype,
-                                discarded.data()));
+      const GdnRecord<const float> in = gdn_record(rb.inputs.data(), c_, t, n_linear, linear);
+      ops::gated_delta_net_decode(pool, gdn_decode_args(L.gdn, in.qkv, in.z, in.b, in.a, s, st.dtype, discarded.data()));
     }
     ++linear;
   }
@@ -257,16 +269,16 @@ void Qwen35Model::delta_net_block(const DeltaNetWeights& w, int linear, const fl
         rb->before[size_t(linear)].conv = st.conv;
         rb->before[size_t(linear)].recurrent = st.recurrent;
       }
-      const size_t n_linear = s.state->gdn.size(), per_input = size_t(gdn_input_floats());
+      const size_t n_linear = s.state->gdn.size();
       for (int64_t t = 0; t < s.T; ++t) {
         const int64_t r = r0 + t;
         const float *qkv = c_all + r * C, *zr = z_all + r * value_dim, *br = b_all + r * Hv, *ar = alpha_all + r * Hv;
         if (rb && t < rb->positions) {
-          float* rec = rb->inputs.data() + (size_t(t) * n_linear + size_t(linear)) * per_input;
-          rec = std::copy_n(qkv, C, rec);
-          rec = std::copy_n(zr, value_dim, rec);
-          rec = std::copy_n(br, Hv, rec);
-          std::copy_n(ar, Hv, rec);
+          const GdnRecord<float> rec = gdn_record(rb->inputs.data(), c_, t, n_linear, linear);
+          std::copy_n(qkv, C, rec.qkv);
+          std::copy_n(zr, value_dim, rec.z);
+          std::copy_n(br, Hv, rec.b);
+          std::copy_n(ar, Hv, rec.a);
         }
         ops::gated_delta_net_decode(pool, gdn_decode_args(w, qkv, zr, br, ar, st, s.state->dtype, o_all + r * value_dim));
       }

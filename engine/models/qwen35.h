@@ -96,8 +96,6 @@ class Qwen35Model {
   void delta_net_block(const DeltaNetWeights& w, int linear_index, const float* a, const Rows& rows,
                        float* out) const;
   void mlp_block(const MlpWeights& w, const float* a, int64_t T, float* out) const;
-  // A linear layer's decode-step inputs per position (qkv | z | b | a rows), in floats.
-  int64_t gdn_input_floats() const;
   ops::GdnDecodeArgs gdn_decode_args(const DeltaNetWeights& w, const float* qkv, const float* z, const float* b,
                                      const float* a, DeltaNetState& st, CacheDtype dtype, float* out) const;
   void moe_block(const MoeWeights& w, const float* a, int64_t T, float* out, StepStats* stats) const;
