@@ -1,8 +1,13 @@
 // The /v1 route functions: request -> response, over the store. Validation errors name the
 // field at fault in the API's own vocabulary (limits.steps, not the store's limits.max_steps).
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <condition_variable>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -264,13 +269,62 @@ std::optional<HttpResponse> parse_submit(const std::string& body, const ServerCo
   return std::nullopt;
 }
 
+namespace {
+
+// The source check reads the local filesystem. On the HTTP thread a hung network mount would hold
+// that thread, and every request it serves, until the mount answers: the check runs on a thread
+// of its own and the request waits for it at most app.source_check_wait. A check still running
+// then is left to finish detached (at most kMaxDetachedChecks at once; beyond that a request
+// does not wait at all) and the build is accepted unchecked: its clone reports the source.
+SourceCheckResult check_source_in_time(const App& app, const std::string& repo, const std::string& ref) {
+  constexpr int kMaxDetachedChecks = 8;
+  static std::atomic<int> running{0};
+  if (running.load() >= kMaxDetachedChecks) return {};
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    SourceCheckResult result;
+  };
+  auto pending = std::make_shared<Pending>();
+  auto check = app.source_check ? app.source_check : [](const std::string& r, const std::string& f) {
+    const tools::SourceCheck c = tools::check_local_source(r, f);
+    return SourceCheckResult{c.error, c.field};
+  };
+  ++running;
+  try {
+    std::thread([pending, check = std::move(check), repo, ref] {
+      SourceCheckResult result;
+      try {
+        result = check(repo, ref);
+      } catch (...) {  // left to the clone, like a check that did not answer
+      }
+      {
+        std::lock_guard<std::mutex> lock(pending->mu);
+        pending->result = std::move(result);
+        pending->done = true;
+      }
+      pending->cv.notify_one();
+      --running;
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: accept, the clone checks
+    --running;
+    return {};
+  }
+  std::unique_lock<std::mutex> lock(pending->mu);
+  if (!pending->cv.wait_for(lock, app.source_check_wait, [&] { return pending->done; })) return {};
+  return pending->result;
+}
+
+}  // namespace
+
 HttpResponse submit_build(const HttpRequest& req, App& app) {
   store::BuildSpec spec;
   if (auto err = parse_submit(req.body, *app.config, spec)) return *err;
   if (std::optional<store::Error> invalid = app.store->validate(spec)) return store_error(*invalid);
   // A local repository is checked now (milliseconds), so that a wrong path or ref is this
   // request's 400 rather than a build that errors after waiting in the queue.
-  if (tools::SourceCheck source = tools::check_local_source(spec.repo, spec.ref); !source.ok())
+  if (SourceCheckResult source = check_source_in_time(app, spec.repo, spec.ref); !source.error.empty())
     return error_response(400, "invalid_source", source.error, source.field);
   auto build = app.store->submit(spec);
   if (!build) return store_error(build.error());

@@ -18,7 +18,9 @@
 //                                        (since: RFC 3339 or unix seconds; builds finished since)
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,6 +42,11 @@ class HttpMetrics;
 class EventHub;
 class ModelRegistry;
 
+struct SourceCheckResult {  // tools::SourceCheck's fields: this header stays free of tools/
+  std::string error;        // empty when fine, not checked, or not checked in time
+  std::string field;
+};
+
 // What the routes can reach. Owned by the Server; every member outlives the io threads.
 // All members are thread-safe (route functions run concurrently on the io threads).
 struct App {
@@ -48,6 +55,11 @@ struct App {
   HttpMetrics* http_metrics = nullptr;
   EventHub* hub = nullptr;          // may be null in route tests (then no SSE counts)
   ModelRegistry* models = nullptr;  // may be null: /v1/models lists config only
+  // The submit-time check of a local repository and ref (tools::check_local_source when unset),
+  // and how long a request waits for it: a check still running then (a hung network mount)
+  // goes on detached and the build is accepted, its clone then reports the source.
+  std::function<SourceCheckResult(const std::string& repo, const std::string& ref)> source_check;
+  std::chrono::milliseconds source_check_wait{3000};
 };
 
 // The session turns this into an SSE stream instead of writing `response`.

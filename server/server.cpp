@@ -96,7 +96,11 @@ std::unique_ptr<Server> Server::start(const ServerConfig& config, std::ostream& 
   hub_options.buffer_limit_bytes = config.sse_buffer_bytes;
   impl->hub = std::make_unique<EventHub>(*impl->feed, hub_options);
   impl->models = std::make_unique<ModelRegistry>(impl->config.models);
-  impl->app = App{&impl->config, impl->store.get(), &impl->http_metrics, impl->hub.get(), impl->models.get()};
+  impl->app.config = &impl->config;
+  impl->app.store = impl->store.get();
+  impl->app.http_metrics = &impl->http_metrics;
+  impl->app.hub = impl->hub.get();
+  impl->app.models = impl->models.get();
   impl->ctx.app = &impl->app;
 
   impl->listener = std::make_shared<Listener>(impl->ioc, impl->ctx);

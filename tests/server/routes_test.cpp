@@ -1,4 +1,8 @@
 // Route functions called directly, without sockets, over a real SQLite store.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -28,7 +32,10 @@ class RoutesTest : public ::testing::Test {
     ASSERT_TRUE(opened.ok()) << opened.error().message;
     store_ = std::move(opened.value());
     models_ = std::make_unique<ModelRegistry>(config_.models);
-    app_ = App{&config_, store_.get(), &metrics_, nullptr, models_.get()};
+    app_.config = &config_;
+    app_.store = store_.get();
+    app_.http_metrics = &metrics_;
+    app_.models = models_.get();
   }
 
   RouteResult call(const std::string& method, const std::string& target, const std::string& body = {},
@@ -106,6 +113,38 @@ TEST_F(RoutesTest, SubmitChecksALocalRepositoryAndItsRef) {
   ASSERT_TRUE(page.ok());
   EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
   EXPECT_EQ(call("POST", "/v1/builds", body(testing::any_repo(), "main")).response.status, 201);
+}
+
+// A source check that does not answer (a hung network mount) does not hold the request: past
+// the wait the build is accepted while the check still runs, and its clone will report the source.
+// A check that answers in time still decides.
+TEST_F(RoutesTest, SubmitDoesNotWaitForASourceCheckThatHangs) {
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false, returned = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  app_.source_check_wait = std::chrono::milliseconds(50);
+  app_.source_check = [gate](const std::string&, const std::string&) {
+    std::unique_lock<std::mutex> lock(gate->mu);
+    gate->cv.wait(lock, [&] { return gate->open; });
+    gate->returned = true;
+    gate->cv.notify_all();
+    return SourceCheckResult{"would have refused", "repo"};
+  };
+  auto r = call("POST", "/v1/builds", json{{"repo", "/mnt/hung/repo"}, {"task", "x"}}.dump());
+  EXPECT_EQ(r.response.status, 201) << r.response.body;
+  {
+    std::unique_lock<std::mutex> lock(gate->mu);
+    EXPECT_FALSE(gate->returned);  // answered while the check still hung
+    gate->open = true;
+    gate->cv.notify_all();
+    gate->cv.wait(lock, [&] { return gate->returned; });  // the detached check ends before the test
+  }
+  app_.source_check_wait = std::chrono::milliseconds(10000);
+  app_.source_check = [](const std::string&, const std::string&) { return SourceCheckResult{"no such repo", "repo"}; };
+  expect_error(call("POST", "/v1/builds", json{{"repo", "/srv/repo"}, {"task", "x"}}.dump()), 400, "repo");
 }
 
 TEST_F(RoutesTest, SubmitRefusesLimitsAboveTheirBoundsAndPriorityOutsideInt64) {
