@@ -24,9 +24,10 @@ namespace kiln::engine::cpu {
 
 // How the q8/q4 kernels split work by token count, for callers sizing row ranges: up to
 // kQuantStreamMaxTokens tokens they stream rows (any range works well); from one more they work
-// kQuantPanelRows rows at a time, so a range should be a multiple of it. 5-8 tokens: streaming
-// passes of up to 3 tokens over each 16 rows, the later ones from L1; 9 or more: unpacked int16
-// panels. Measured on the bench model, 8 batched sessions, 4 interleaved runs each: passes gave
+// kQuantPanelRows rows at a time, so a range should be a multiple of it. AVX2, 5-8 tokens:
+// streaming passes of up to 3 tokens over each 16 rows, the later ones from L1; 9 or more:
+// unpacked int16 panels. AVX-512: passes of up to 4 tokens up to 32 tokens (q8) or 16 (q4), then
+// panels (matmul_avx512.cpp). Measured on the bench model, 8 batched sessions, 4 interleaved runs each: passes gave
 // 66-70 tok/s aggregate against 58-66 with panels from 5 tokens (the unpacking, ~0.3
 // instructions per weight, is not repaid by 5-8 tokens; measured with the earlier streaming
 // kernel). Passes of 3 tokens on 4-row tiles against passes of 4 on 2-row tiles: 87.7, 95.2,
