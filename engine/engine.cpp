@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "engine/cpu/denormals.h"
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -11,6 +13,9 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const EngineO
   // The last line of defence: loading reads outside input (JSON, headers, sizes), and an
   // exception escaping here would abort the process (or leave a server's model slot loading).
   try {
+    // Quantizing at load runs chunks on this thread and on the pool's workers (which set the
+    // engine's float mode): all of them round the same way, whatever mode the caller has.
+    const cpu::EngineFloatModeScope float_mode;
     return load_checked(dir, options);
   } catch (const std::exception& e) {
     return make_error(dir + ": model failed to load: " + e.what());

@@ -65,8 +65,10 @@ struct EngineOptions {
   // Prefill tokens per scheduler step: a longer prompt is cut into chunks of this many tokens so
   // that decoding sessions wait at most one chunk per step.
   int64_t prefill_chunk = 512;
-  // The longest speculative draft generate calls will verify (GenerateOptions::speculative): each
-  // session's verification scratch is planned into kv_budget_bytes like its GDN state (capacity.h).
+  // The longest speculative draft the capacity plan reserves for (GenerateOptions::speculative
+  // sets the drafts themselves): each session's verification scratch at this length is taken out
+  // of kv_budget_bytes like its GDN state (capacity.h). A longer draft still runs, its extra
+  // scratch outside the plan; the server sets this from the model's draft_tokens.
   int max_draft_tokens = 0;
 };
 

@@ -230,7 +230,12 @@ Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions&
   r.options = &options;
   r.has_callback = bool(on_token);
   r.sampler.emplace(options.sampling);
-  r.result.tokens.push_back(r.sampler->sample(seq.last_logits, std::span<const int32_t>()));  // nothing in flight: safe here
+  {
+    // Sampled here, on the session thread; every later token on the scheduler's: both in the
+    // engine's float mode, so a sampled run does not depend on the caller's rounding mode.
+    const cpu::EngineFloatModeScope float_mode;
+    r.result.tokens.push_back(r.sampler->sample(seq.last_logits, std::span<const int32_t>()));  // nothing in flight: safe here
+  }
   if (!r.has_callback) r.acked = 1;
   std::unique_lock<std::mutex> lock(mu_);
   r.arrival = arrivals_++;

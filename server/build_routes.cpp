@@ -274,12 +274,16 @@ namespace {
 // The source check reads the local filesystem. On the HTTP thread a hung network mount would hold
 // that thread, and every request it serves, until the mount answers: the check runs on a thread
 // of its own and the request waits for it at most app.source_check_wait. A check still running
-// then is left to finish detached (at most kMaxDetachedChecks at once; beyond that a request
-// does not wait at all) and the build is accepted unchecked: its clone reports the source.
+// then is left to finish detached and the build is accepted unchecked: its clone reports the
+// source. At most kMaxDetachedChecks checks run at once (hung or not); beyond that a request
+// does not check at all.
 SourceCheckResult check_source_in_time(const App& app, const std::string& repo, const std::string& ref) {
-  constexpr int kMaxDetachedChecks = 8;
-  static std::atomic<int> running{0};
-  if (running.load() >= kMaxDetachedChecks) return {};
+  constexpr int kMaxDetachedChecks = 8;  // threads a hung mount can hold
+  static std::atomic<int> running{0};  // checks in flight, each on its own thread
+  if (running.fetch_add(1) >= kMaxDetachedChecks) {
+    --running;
+    return {};
+  }
   struct Pending {
     std::mutex mu;
     std::condition_variable cv;
@@ -291,7 +295,6 @@ SourceCheckResult check_source_in_time(const App& app, const std::string& repo, 
     const tools::SourceCheck c = tools::check_local_source(r, f);
     return SourceCheckResult{c.error, c.field};
   };
-  ++running;
   try {
     std::thread([pending, check = std::move(check), repo, ref] {
       SourceCheckResult result;
@@ -307,7 +310,7 @@ SourceCheckResult check_source_in_time(const App& app, const std::string& repo, 
       pending->cv.notify_one();
       --running;
     }).detach();
-  } catch (const std::system_error&) {  // no thread to be had: accept, the clone checks
+  } catch (...) {  // no thread (or no memory for its state) to be had: accept, the clone checks
     --running;
     return {};
   }

@@ -33,6 +33,7 @@
 // GCC 12's own _mm512_cvtepi32_ps and _mm512_castps512_ps256 pass _mm512_undefined_ps() /
 // _mm256_undefined_pd() as their unused merge source, which -W(maybe-)uninitialized reports at
 // every use; nothing here reads an uninitialized value.
+#pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -88,7 +89,7 @@ inline __m512 both_halves(__m256 v) {
 }
 inline __m256 upper_half(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
 
-// ---- decode: one to eight tokens, weights streamed once ----------------------------------------
+// ---- decode: one to four tokens a pass, weights streamed once -----------------------------------
 constexpr int64_t kPrefetchRows = 8;
 // Prefetched lines per step for R rows: a q8 row is ~4.25 lines a group and a group is 8 steps,
 // so R/2 lines a step keeps up, spread out (bursts stall the loads behind them).
@@ -329,6 +330,7 @@ void matmul_q4(const WeightMatrix& w, const MatmulInput& x, float* y, int64_t ld
 
 }  // namespace
 }  // namespace kiln::engine::cpu::avx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif  // __x86_64__
 

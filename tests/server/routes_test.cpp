@@ -1,5 +1,6 @@
 // Route functions called directly, without sockets, over a real SQLite store.
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 
@@ -133,15 +134,21 @@ TEST_F(RoutesTest, SubmitDoesNotWaitForASourceCheckThatHangs) {
     gate->cv.notify_all();
     return SourceCheckResult{"would have refused", "repo"};
   };
-  auto r = call("POST", "/v1/builds", json{{"repo", "/mnt/hung/repo"}, {"task", "x"}}.dump());
-  EXPECT_EQ(r.response.status, 201) << r.response.body;
+  // On a thread of its own, so that a request that waits for the check fails here, not hangs.
+  auto submitted = std::async(std::launch::async, [&] {
+    return call("POST", "/v1/builds", json{{"repo", "/mnt/hung/repo"}, {"task", "x"}}.dump());
+  });
+  const bool answered = submitted.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(answered) << "the submit waited for a source check that hangs";
   {
     std::unique_lock<std::mutex> lock(gate->mu);
-    EXPECT_FALSE(gate->returned);  // answered while the check still hung
+    EXPECT_FALSE(gate->returned);
     gate->open = true;
     gate->cv.notify_all();
     gate->cv.wait(lock, [&] { return gate->returned; });  // the detached check ends before the test
   }
+  const auto r = submitted.get();
+  EXPECT_EQ(r.response.status, 201) << r.response.body;
   app_.source_check_wait = std::chrono::milliseconds(10000);
   app_.source_check = [](const std::string&, const std::string&) { return SourceCheckResult{"no such repo", "repo"}; };
   expect_error(call("POST", "/v1/builds", json{{"repo", "/srv/repo"}, {"task", "x"}}.dump()), 400, "repo");
