@@ -11,19 +11,24 @@
 namespace kiln::engine {
 namespace {
 
+// A tiny model with room for the fairness prompt, and the bench's options on it.
+BatchBenchOptions options_on_tiny_model(const TinyModelOptions& tiny) {
+  BatchBenchOptions o;
+  o.model_dir = testing::make_model(tiny);
+  o.threads = 2;
+  o.prefill_chunk = 16;
+  o.fairness_prompt_tokens = 40;
+  return o;
+}
+
 TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
   TinyModelOptions tiny;
   tiny.max_position_embeddings = 512;
-  const std::string dir = testing::make_model(tiny);
-  BatchBenchOptions o;
-  o.model_dir = dir;
-  o.threads = 2;
+  BatchBenchOptions o = options_on_tiny_model(tiny);
   o.sessions = {1, 2, 3};
   o.prompt_tokens = 12;
   o.gen_tokens = 4;
   o.runs = 3;
-  o.prefill_chunk = 16;
-  o.fairness_prompt_tokens = 40;
   o.fairness_decoders = 2;
   o.cache_dtype = CacheDtype::bf16;  // passed through to the engine, and named in the report
   auto r = run_batch_bench(o);
@@ -71,15 +76,10 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
 TEST(BatchBench, FairnessWithoutDecodersRunsThePrefillTwiceAsAControl) {
   TinyModelOptions tiny;
   tiny.max_position_embeddings = 512;
-  const std::string dir = testing::make_model(tiny);
-  BatchBenchOptions o;
-  o.model_dir = dir;
-  o.threads = 2;
+  BatchBenchOptions o = options_on_tiny_model(tiny);
   o.sessions = {1};
   o.prompt_tokens = 8;
   o.gen_tokens = 2;
-  o.prefill_chunk = 16;
-  o.fairness_prompt_tokens = 40;
   o.fairness_decoders = 0;
   auto r = run_batch_bench(o);
   ASSERT_TRUE(r) << r.error();
