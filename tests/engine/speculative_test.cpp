@@ -287,7 +287,9 @@ TEST_P(Speculative, RollbackOnTheSessionThreadIgnoresItsRoundingMode) {
   }
   // The MoE fixtures accept drafts of several tokens; the dense one's prompt lookup proposes one
   // at a time here, and a stop never falls inside a run of one.
-  if (c.moe) EXPECT_GT(rolled_back, 0) << "no stop fell inside an accepted draft: nothing was replayed";
+  if (c.moe) {
+    EXPECT_GT(rolled_back, 0) << "no stop fell inside an accepted draft: nothing was replayed";
+  }
 }
 #endif
 
