@@ -23,9 +23,8 @@ CapacityPlan plan_capacity(const ModelConfig& c, int64_t budget_bytes, int max_s
   p.state_bytes_per_session = int64_t(c.n_linear_layers()) * (conv + recurrent);
   p.draft_tokens = std::max(draft_tokens, 0);
   if (p.draft_tokens > 0) {
-    const int64_t gdn_inputs = (c.conv_dim() + c.value_dim() + 2 * int64_t(c.linear_num_value_heads)) * 4;
     p.speculative_bytes_per_session = p.state_bytes_per_session +
-                                      int64_t(p.draft_tokens) * c.n_linear_layers() * gdn_inputs +
+                                      int64_t(p.draft_tokens) * c.n_linear_layers() * c.gdn_input_floats() * 4 +
                                       int64_t(p.draft_tokens + 1) * c.vocab_size * 4;
   }
   p.page_tokens = page_tokens;

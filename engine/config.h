@@ -59,6 +59,9 @@ struct ModelConfig {
   int64_t key_dim() const { return int64_t(linear_num_key_heads) * linear_key_head_dim; }
   int64_t value_dim() const { return int64_t(linear_num_value_heads) * linear_value_head_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  // A linear layer's decode-step inputs for one position (the in_proj rows qkv | z | b | a), in
+  // floats: what a speculative verification records per position to roll back by replay.
+  int64_t gdn_input_floats() const { return conv_dim() + value_dim() + 2 * int64_t(linear_num_value_heads); }
 };
 
 // Parses config.json text. `source` names the file in error messages.

@@ -16,20 +16,32 @@
 
 namespace kiln::engine::cpu {
 
-class FlushDenormalsScope {
+// Sets the calling thread's MXCSR from its current value for a scope, and restores it after.
+class MxcsrScope {
  public:
 #if defined(__x86_64__)
-  FlushDenormalsScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero); }
-  ~FlushDenormalsScope() { _mm_setcsr(saved_); }
+  template <class Mode>
+  explicit MxcsrScope(Mode mode) : saved_(_mm_getcsr()) { _mm_setcsr(mode(saved_)); }
+  ~MxcsrScope() { _mm_setcsr(saved_); }
+#else
+  template <class Mode>
+  explicit MxcsrScope(Mode) {}
 #endif
-  FlushDenormalsScope(const FlushDenormalsScope&) = delete;
-  FlushDenormalsScope& operator=(const FlushDenormalsScope&) = delete;
+  MxcsrScope(const MxcsrScope&) = delete;
+  MxcsrScope& operator=(const MxcsrScope&) = delete;
 
  private:
 #if defined(__x86_64__)
-  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;  // MXCSR bits
   unsigned saved_;
 #endif
+};
+
+class FlushDenormalsScope : MxcsrScope {
+ public:
+  FlushDenormalsScope() : MxcsrScope([](unsigned mode) { return mode | kFlushToZero | kDenormalsAreZero; }) {}
+
+ private:
+  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;  // MXCSR bits
 };
 
 // Round to nearest, every exception masked, no flushing: the x86-64 default MXCSR. Kernels
@@ -37,26 +49,16 @@ class FlushDenormalsScope {
 // must not depend on which thread computed them: the scheduler thread and the pool workers set
 // it when they start, and work that repeats on a session thread what the scheduler computed (a
 // GDN replay) runs under EngineFloatModeScope, whatever mode an embedder left on that thread.
-#if defined(__x86_64__)
 inline constexpr unsigned kEngineMxcsr = 0x1f80;
+#if defined(__x86_64__)
 inline void set_engine_float_mode() { _mm_setcsr(kEngineMxcsr); }
 #else
 inline void set_engine_float_mode() {}
 #endif
 
-class EngineFloatModeScope {
+class EngineFloatModeScope : MxcsrScope {
  public:
-#if defined(__x86_64__)
-  EngineFloatModeScope() : saved_(_mm_getcsr()) { _mm_setcsr(kEngineMxcsr); }
-  ~EngineFloatModeScope() { _mm_setcsr(saved_); }
-#endif
-  EngineFloatModeScope(const EngineFloatModeScope&) = delete;
-  EngineFloatModeScope& operator=(const EngineFloatModeScope&) = delete;
-
- private:
-#if defined(__x86_64__)
-  unsigned saved_;
-#endif
+  EngineFloatModeScope() : MxcsrScope([](unsigned) { return kEngineMxcsr; }) {}
 };
 
 }  // namespace kiln::engine::cpu

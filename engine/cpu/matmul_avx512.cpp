@@ -83,9 +83,10 @@ inline __m256i fold_halves(__m512i s) {
 inline __m512i fold_pair(__m512i a, __m512i b) {
   return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xee));
 }
+inline __m512i join_halves(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 inline __m512 both_halves(__m256 v) {
   const __m256i i = _mm256_castps_si256(v);
-  return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(i), i, 1));
+  return _mm512_castsi512_ps(join_halves(i, i));
 }
 inline __m256 upper_half(__m512 v) { return _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(v), 1)); }
 
@@ -160,9 +161,8 @@ inline void stream_tile(const WeightMatrix& w, const MatmulInput& x, float* y, i
         const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d[i] + nb + 8 * g)));
         const __m512 mv2 = both_halves(mv);
         for (int p = 0; p < NP; ++p) {
-          const __m512i xs = _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p] + 8 * g))),
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p + 1] + 8 * g)), 1);
+          const __m512i xs = join_halves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p] + 8 * g)),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsum[2 * p + 1] + 8 * g)));
           acc2[i][p] = _mm512_fmadd_ps(mv2, _mm512_cvtepi32_ps(xs), acc2[i][p]);
         }
         if constexpr (kOdd)

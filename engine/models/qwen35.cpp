@@ -48,12 +48,9 @@ template <class F>  // float (writing) or const float (reading)
 struct GdnRecord {
   F *qkv, *z, *b, *a;
 };
-int64_t gdn_record_floats(const ModelConfig& c) {
-  return c.conv_dim() + c.value_dim() + 2 * int64_t(c.linear_num_value_heads);
-}
 template <class F>
 GdnRecord<F> gdn_record(F* inputs, const ModelConfig& c, int64_t position, size_t n_linear, int linear) {
-  F* rec = inputs + (size_t(position) * n_linear + size_t(linear)) * size_t(gdn_record_floats(c));
+  F* rec = inputs + (size_t(position) * n_linear + size_t(linear)) * size_t(c.gdn_input_floats());
   F* z = rec + c.conv_dim();
   F* b = z + c.value_dim();
   return {rec, z, b, b + c.linear_num_value_heads};
@@ -89,7 +86,7 @@ void Qwen35Model::forward_batch(std::span<const SeqStep> seqs, StepStats* stats)
       const size_t n_linear = seqs[i].state->gdn.size();
       rb->before.resize(n_linear);
       rb->positions = seqs[i].T - 1;
-      rb->inputs.resize(size_t(rb->positions) * n_linear * size_t(gdn_record_floats(c_)));
+      rb->inputs.resize(size_t(rb->positions) * n_linear * size_t(c_.gdn_input_floats()));
     }
   }
   const int64_t R = rows.total();
