@@ -3,19 +3,24 @@
 // with the read bandwidth measured on the spot with the same thread count, and the fork/join
 // cost of the engine's thread pool.
 //
-//   build/bin/kernels_bench [--threads N] [--reps R] [--tokens T] [--table ref|avx2|best]
+//   build/bin/kernels_bench [--threads N] [--reps R] [--tokens T] [--decode-tokens T] [--table ref|avx2|best]
 //                           [--formats q8,q4,bf16,f32] [--pool-mib M]
 //                           [--attn-tokens T] [--attn-context N]
 //
-// Decode rows (T = 1): issue 9's bench shapes — 1024×1024 (attention/GDN projections), 512×1024
+// Decode rows (T = 1, or --decode-tokens): issue 9's bench shapes — 1024×1024 (attention/GDN projections), 512×1024
 // (expert gate/up), 1024×512 (expert down), 32768×1024 (lm_head) — plus one big matrix. A decode
 // step streams ~0.4 GB of weights, so no matrix is warm in the caches when its product runs: every
 // repetition uses the next of enough copies to fill --pool-mib (default 512 MiB ≫ L3). The row split
 // is the engine's (ThreadPool::parallel_for over 4-row tiles), so each row includes one fork/join.
 // GB/s = stored weight bytes / time, from the best and the median repetition.
 // Prefill rows: T tokens through 512×1024 and 4096×1024; GFLOP/s = 2·N·K·T / time.
-// Every kernel is checked against the reference before it is timed. Last, prefill attention:
-// the last T tokens of an N-token prompt (default 512 of 4,096) on the bench shape's heads.
+// Every kernel is checked against the reference before it is timed.
+// Then one MoE layer's experts as a decode step runs them (ops::matmul_swiglu_group for every
+// expert's gate and up, ops::matmul_group for the downs, best kernels): E distinct experts of
+// the bench shape with t tokens each — 8 × 1 is one session, 41 × 2 and 55 × 2.3 what 8 and 16
+// sessions route to. Each repetition picks its experts from a pool of --pool-mib, as a step's
+// layers do. Last, prefill attention: the last T tokens of an N-token prompt (default 512 of
+// 4,096) on the bench shape's heads.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +37,7 @@
 #include "engine/cpu/matmul.h"
 #include "engine/cpu/thread_pool.h"
 #include "engine/ops.h"
+#include "engine/weights/safetensors.h"
 
 using namespace kiln::engine::cpu;
 using kiln::engine::ThreadPool;
@@ -53,6 +59,7 @@ struct Options {
   int threads = 2;
   int reps = 20;
   int tokens = 64;
+  int decode_tokens = 1;  // tokens through the decode rows (the streaming kernels take up to 4 at once)
   int pool_mib = 512;
   int attn_tokens = 512, attn_context = 4096;
   std::string table = "best";
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
     if (a == "--threads") o.threads = std::atoi(v.c_str());
     else if (a == "--reps") o.reps = std::max(1, std::atoi(v.c_str()));
     else if (a == "--tokens") o.tokens = std::max(2, std::atoi(v.c_str()));
+    else if (a == "--decode-tokens") o.decode_tokens = std::clamp(std::atoi(v.c_str()), 1, 64);
     else if (a == "--pool-mib") o.pool_mib = std::max(1, std::atoi(v.c_str()));
     else if (a == "--attn-tokens") o.attn_tokens = std::max(1, std::atoi(v.c_str()));
     else if (a == "--attn-context") o.attn_context = std::max(1, std::atoi(v.c_str()));
@@ -161,7 +169,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 0.03f);
   const int64_t kMaxCols = 1024;
-  std::vector<float> x(static_cast<size_t>(o.tokens) * kMaxCols);
+  std::vector<float> x(static_cast<size_t>(std::max(o.tokens, o.decode_tokens)) * kMaxCols);
   for (auto& v : x) v = dist(rng) * 30;
   const Shape decode_shapes[] = {{"attn/GDN proj", 1024, 1024}, {"expert gate/up", 512, 1024},
                                  {"expert down", 1024, 512},    {"lm_head", 32768, 1024},
@@ -183,7 +191,7 @@ int main(int argc, char** argv) {
       const bool decode = pass == 0;
       for (const Shape& s : decode ? std::vector<Shape>(std::begin(decode_shapes), std::end(decode_shapes))
                                    : std::vector<Shape>(std::begin(prefill_shapes), std::end(prefill_shapes))) {
-        const int64_t n = decode ? 1 : o.tokens;
+        const int64_t n = decode ? o.decode_tokens : o.tokens;
         const size_t mbytes = size_t(s.rows) * row_bytes(f, s.cols);
         // Decode: enough copies that the caches never hold the next one; prefill: one copy.
         const size_t copies = decode ? std::max<size_t>(2, (size_t(o.pool_mib) << 20) / mbytes) : 1;
@@ -218,6 +226,83 @@ int main(int argc, char** argv) {
           times.push_back(now_s() - t0);
         }
         emit(s, n, summarize(times));
+      }
+    }
+  }
+
+  // One MoE layer's routed experts, grouped as Qwen35Model::moe_block runs them in decode.
+  if (std::find(o.formats.begin(), o.formats.end(), WeightFormat::q8) != o.formats.end() ||
+      std::find(o.formats.begin(), o.formats.end(), WeightFormat::q4) != o.formats.end()) {
+    std::printf("\n| format | experts × tokens each | what | bytes | best ms | median ms | GB/s best | GB/s median | "
+                "%% of bw |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+    const int64_t H = 1024, I = 512;
+    struct Group {
+      int experts;
+      double tokens;  // mean per expert; the rows are dealt out as evenly as whole tokens allow
+      const char* what;
+    };
+    const Group groups[] = {{8, 1, "1 session"}, {26, 1.25, "4 sessions"}, {41, 1.56, "8 sessions"},
+                            {55, 2.33, "16 sessions"}};
+    for (const WeightFormat f : o.formats) {
+      if (f != WeightFormat::q8 && f != WeightFormat::q4) continue;
+      const kiln::engine::Dtype dt = f == WeightFormat::q8 ? kiln::engine::Dtype::q8 : kiln::engine::Dtype::q4;
+      const size_t gate_bytes = size_t(I) * row_bytes(f, H), down_bytes = size_t(H) * row_bytes(f, I);
+      const size_t expert_bytes = 2 * gate_bytes + down_bytes;
+      const size_t pool_experts = std::max<size_t>(64, (size_t(o.pool_mib) << 20) / expert_bytes);
+      std::vector<uint8_t> wbytes(pool_experts * expert_bytes);
+      {
+        std::vector<float> wrow(static_cast<size_t>(H));
+        const size_t rows_per_expert = size_t(3 * I);
+        for (size_t r = 0; r < rows_per_expert; ++r) {  // one expert, copied to the rest
+          const bool down = r >= size_t(2 * I);
+          const int64_t cols = down ? I : H;
+          for (int64_t c = 0; c < cols; ++c) wrow[size_t(c)] = dist(rng);
+          uint8_t* dst = down ? wbytes.data() + 2 * gate_bytes + (r - 2 * I) * row_bytes(f, I)
+                              : wbytes.data() + r * row_bytes(f, H);
+          kt->quantize[int(f)](wrow.data(), dst, cols);
+        }
+        for (size_t e = 1; e < pool_experts; ++e)
+          std::memcpy(wbytes.data() + e * expert_bytes, wbytes.data(), expert_bytes);
+      }
+      std::mt19937 pick(5);
+      for (const Group& g : groups) {
+        const int64_t rows_total = std::llround(g.experts * g.tokens);
+        std::vector<int64_t> n(size_t(g.experts), rows_total / g.experts);
+        for (int64_t e = 0; e < rows_total % g.experts; ++e) ++n[size_t(e)];
+        std::vector<float> xin(size_t(rows_total * H)), gu(size_t(rows_total * 2 * I)), y(size_t(rows_total * H));
+        for (auto& v : xin) v = dist(rng) * 30;
+        std::vector<kiln::engine::Matrix> gate(size_t(g.experts)), up(gate.size()), down(gate.size());
+        std::vector<kiln::engine::ops::SwigluJob> swiglu(gate.size());
+        std::vector<kiln::engine::ops::MatmulJob> downs(gate.size());
+        std::vector<double> times;
+        for (int rep = 0; rep < o.reps; ++rep) {
+          std::vector<size_t> chosen(pool_experts);
+          for (size_t e = 0; e < pool_experts; ++e) chosen[e] = e;
+          std::shuffle(chosen.begin(), chosen.end(), pick);
+          int64_t row = 0;
+          for (size_t e = 0; e < gate.size(); ++e) {
+            const uint8_t* base = wbytes.data() + chosen[e] * expert_bytes;
+            gate[e] = {base, dt, I, H};
+            up[e] = {base + gate_bytes, dt, I, H};
+            down[e] = {base + 2 * gate_bytes, dt, H, I};
+            float* ge = &gu[size_t(row * 2 * I)];
+            swiglu[e] = {&gate[e], &up[e], &xin[size_t(row * H)], n[e], ge, ge + n[e] * I, ge};
+            downs[e] = {&down[e], ge, n[e], &y[size_t(row * H)]};
+            row += n[e];
+          }
+          const double t0 = now_s();
+          kiln::engine::ops::matmul_swiglu_group(&pool, swiglu.data(), int(swiglu.size()));
+          kiln::engine::ops::matmul_group(&pool, downs.data(), int(downs.size()));
+          times.push_back(now_s() - t0);
+        }
+        const Timing t = summarize(times);
+        const double bytes = double(g.experts) * double(expert_bytes);
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%d × %.2f", g.experts, g.tokens);
+        std::printf("| %s | %s | %s | %.2f MB | %.3f | %.3f | %.1f | %.1f | %.0f%% |\n", weight_format_name(f), shape,
+                    g.what, bytes / 1e6, t.best * 1e3, t.median * 1e3, bytes / t.best / 1e9, bytes / t.median / 1e9,
+                    100 * bytes / t.median / 1e9 / bw.gb_per_s);
+        std::fflush(stdout);
       }
     }
   }

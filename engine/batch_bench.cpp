@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "engine/speed_bench.h"
+#include "engine/weights/quantized_weights.h"
 
 namespace kiln::engine {
 namespace {
@@ -136,6 +138,13 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
       const Window decode = summarize(sched.step_log(), [](const StepRecord&) { return true; });
       round_row.step_ms = decode.mean_ms;
       round_row.experts_per_layer = decode.experts_per_layer;
+      // The state at the rounds' mean position (each round decodes gen_tokens further).
+      const uint64_t state = decode_state_bytes(m, o.prompt_tokens + int64_t(o.runs) * o.gen_tokens / 2);
+      const uint64_t one_token = weight_bytes_per_token(m.weights(), c.num_experts_per_tok) + state;
+      round_row.bytes_per_step =
+          weight_bytes_per_token(m.weights(), c.is_moe ? decode.experts_per_layer : 0.0) + uint64_t(n) * state;
+      round_row.achieved_gb_s = decode.mean_ms > 0 ? double(round_row.bytes_per_step) / decode.mean_ms / 1e6 : 0;
+      round_row.bytes_bound_x = double(n) * double(one_token) / double(round_row.bytes_per_step);
       rounds.push_back(round_row);
     }
     std::sort(rounds.begin(), rounds.end(),
@@ -246,7 +255,10 @@ std::string BatchBenchReport::to_json() const {
                          {"step_ms", r.step_ms},
                          {"experts_per_layer", r.experts_per_layer},
                          {"prefill_tok_s", r.prefill_tok_s},
-                         {"prefill_step_ms", r.prefill_step_ms}});
+                         {"prefill_step_ms", r.prefill_step_ms},
+                         {"bytes_per_step", r.bytes_per_step},
+                         {"achieved_gb_s", r.achieved_gb_s},
+                         {"bytes_bound_x", r.bytes_bound_x}});
   nlohmann::json j{{"weights", weights},
                    {"cache_dtype", cache_dtype},
                    {"threads", threads},
@@ -278,14 +290,14 @@ std::string BatchBenchReport::to_table(const std::string& command) const {
                     (runs > 1 ? " (median of " + std::to_string(runs) + " rounds)" : std::string()) +
                     ", prefill chunk " + std::to_string(prefill_chunk) + "\n\n";
   out +=
-      "| sessions | aggregate tok/s | per-session tok/s | × 1 session | step ms | experts/layer/step | prefill tok/s "
-      "while decoding |\n|---:|---:|---:|---:|---:|---:|---:|\n";
+      "| sessions | aggregate tok/s | per-session tok/s | × 1 session | bytes bound × | step ms | MB/step | GB/s | "
+      "experts/layer/step | prefill tok/s while decoding |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (const BatchBenchRow& r : rows) {
     const double base = rows.empty() || rows[0].n != 1 ? 0 : rows[0].aggregate_tok_s;
-    std::snprintf(buf, sizeof buf, "| %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f |\n", r.n, r.aggregate_tok_s,
-                  r.per_session_tok_s, base > 0 ? r.aggregate_tok_s / base : 0.0, r.step_ms, r.experts_per_layer,
-                  r.prefill_tok_s);
+    std::snprintf(buf, sizeof buf, "| %d | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r.n,
+                  r.aggregate_tok_s, r.per_session_tok_s, base > 0 ? r.aggregate_tok_s / base : 0.0, r.bytes_bound_x,
+                  r.step_ms, double(r.bytes_per_step) / 1e6, r.achieved_gb_s, r.experts_per_layer, r.prefill_tok_s);
     out += buf;
   }
   if (fairness) {

@@ -42,6 +42,13 @@ struct BatchBenchRow {
   double experts_per_layer = 0;   // distinct routed experts read per MoE layer per step
   double prefill_tok_s = 0;       // a prompt_tokens prefill while the n sessions decode
   double prefill_step_ms = 0;     // mean step time while that prefill ran
+  // Bytes a decode step reads: the non-expert weights, each distinct routed expert once, and
+  // every session's state. A batch of n can be at most `bytes_bound_x` times one session's
+  // aggregate rate at the same bandwidth (n × one token's bytes / the step's); achieved_gb_s is
+  // bytes_per_step / step time.
+  uint64_t bytes_per_step = 0;
+  double achieved_gb_s = 0;
+  double bytes_bound_x = 0;
 };
 
 struct FairnessReport {

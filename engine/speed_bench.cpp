@@ -28,15 +28,6 @@ int32_t argmax(std::span<const float> v) {
   return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-// GDN recurrent + conv state (read once per token) and the KV of the full layers at `n_ctx`.
-uint64_t state_bytes(const Model& m, int64_t n_ctx) {
-  const ModelConfig& c = m.config();
-  const uint64_t gdn = uint64_t(c.n_linear_layers()) *
-                       (uint64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4 +
-                        uint64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() * cache_dtype_size(m.options().cache_dtype));
-  const uint64_t kv = uint64_t(c.n_full_layers()) * uint64_t(n_ctx) * 2 * c.kv_dim() * cache_dtype_size(m.options().cache_dtype);
-  return gdn + kv;
-}
 
 // Steps of a token and k = 0..max_draft draft tokens, run as the scheduler runs a verification
 // (sequential: each position in the decode form, recording what a GDN rollback replays) at the end of the
@@ -82,6 +73,15 @@ Result<std::vector<VerifyCost>> verify_costs(Model& m, const std::vector<int32_t
 }
 
 }  // namespace
+
+uint64_t decode_state_bytes(const Model& m, int64_t n_ctx) {
+  const ModelConfig& c = m.config();
+  const uint64_t gdn = uint64_t(c.n_linear_layers()) *
+                       (uint64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4 +
+                        uint64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() * cache_dtype_size(m.options().cache_dtype));
+  const uint64_t kv = uint64_t(c.n_full_layers()) * uint64_t(n_ctx) * 2 * c.kv_dim() * cache_dtype_size(m.options().cache_dtype);
+  return gdn + kv;
+}
 
 Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
   if (o.prompt_tokens < 1 || o.gen_tokens < 1 || o.runs < 1)
@@ -148,7 +148,7 @@ Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& o) {
   r.decode_tok_s = median(decode);
   r.decode_runs_tok_s = decode;
   r.weight_bytes_per_token = weight_bytes_per_token(m.weights(), m.config().num_experts_per_tok);
-  r.state_bytes_per_token = state_bytes(m, o.prompt_tokens + o.gen_tokens / 2);
+  r.state_bytes_per_token = decode_state_bytes(m, o.prompt_tokens + o.gen_tokens / 2);
   r.bytes_per_token = r.weight_bytes_per_token + r.state_bytes_per_token;
   r.achieved_gb_s = double(r.bytes_per_token) * r.decode_tok_s / 1e9;
   r.measured_gb_s = cpu::measure_read_bandwidth(r.threads, o.bandwidth_buffer_bytes).gb_per_s;

@@ -62,4 +62,9 @@ struct SpeedBenchReport {
 
 Result<SpeedBenchReport> run_speed_bench(const SpeedBenchOptions& options);
 
+class Model;
+// State bytes one sequence reads per decoded token: its GDN recurrent and conv states and the KV
+// of the full-attention layers at `n_ctx` positions.
+uint64_t decode_state_bytes(const Model& m, int64_t n_ctx);
+
 }  // namespace kiln::engine

@@ -343,7 +343,7 @@ std::vector<WeightFamilyStorage> describe_weight_storage(const ModelWeights& w) 
   return out;
 }
 
-uint64_t weight_bytes_per_token(const ModelWeights& w, int experts_per_token) {
+uint64_t weight_bytes_per_token(const ModelWeights& w, double experts_per_token) {
   uint64_t routed = 0, other = 0;
   int64_t n_experts = 0;
   for_each_matrix(const_cast<ModelWeights&>(w), [&](const char* family, Matrix& m, bool) {
@@ -353,7 +353,7 @@ uint64_t weight_bytes_per_token(const ModelWeights& w, int experts_per_token) {
     else other += b;
   });
   for (const LayerWeights& L : w.layers) n_experts = std::max<int64_t>(n_experts, int64_t(L.moe.experts.size()));
-  if (n_experts > 0) routed = routed * uint64_t(experts_per_token) / uint64_t(n_experts);
+  if (n_experts > 0) routed = uint64_t(double(routed) * experts_per_token / double(n_experts) + 0.5);
   return other + routed;
 }
 

@@ -85,7 +85,9 @@ void for_each_matrix(ModelWeights& w, const std::function<void(const char* famil
                      bool quantize_lm_head = true);
 
 // Bytes of weights read per decoded token: all matrices except the unselected experts (top-k of
-// E), one embedding row, the 1-D vectors; `bytes_state` is added by the caller.
-uint64_t weight_bytes_per_token(const ModelWeights& w, int experts_per_token);
+// E), one embedding row, the 1-D vectors; `bytes_state` is added by the caller. A batched step
+// reads each distinct expert once, so its weight bytes are this at the step's mean number of
+// distinct experts per layer (fractional).
+uint64_t weight_bytes_per_token(const ModelWeights& w, double experts_per_token);
 
 }  // namespace kiln::engine

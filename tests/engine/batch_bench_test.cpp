@@ -46,6 +46,17 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
     // min(experts, n·top_k) distinct experts per layer per step.
     EXPECT_GE(row.experts_per_layer, tiny.top_k - 1e-9);
     EXPECT_LE(row.experts_per_layer, std::min(tiny.experts, row.n * tiny.top_k) + 1e-9);
+    // The bytes bound: a batch shares the weights (never more than n tokens' worth, never less
+    // than one token's), so it lies between 1 and n; alone, a step reads exactly one token's bytes.
+    EXPECT_GT(row.bytes_per_step, 0u);
+    EXPECT_GE(row.bytes_bound_x, 1.0 - 1e-9);
+    EXPECT_LE(row.bytes_bound_x, row.n + 1e-9);
+    if (row.n == 1) {
+      EXPECT_NEAR(row.bytes_bound_x, 1.0, 1e-9);
+    } else {
+      EXPECT_GT(row.bytes_bound_x, 1.0);  // the non-expert weights, at least, are shared
+    }
+    EXPECT_NEAR(row.achieved_gb_s, double(row.bytes_per_step) / row.step_ms / 1e6, 1e-6 * row.achieved_gb_s);
   }
   ASSERT_TRUE(r->fairness.has_value());
   EXPECT_EQ(r->fairness->prompt_tokens, 40);
@@ -61,7 +72,8 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
   EXPECT_EQ(r->cache_dtype, "bf16");
   EXPECT_EQ(j.at("cache_dtype"), "bf16");
   ASSERT_EQ(j.at("sessions").size(), 3u);
-  for (const char* key : {"n", "aggregate_tok_s", "per_session_tok_s", "step_ms", "experts_per_layer"})
+  for (const char* key : {"n", "aggregate_tok_s", "per_session_tok_s", "step_ms", "experts_per_layer", "bytes_per_step",
+                          "achieved_gb_s", "bytes_bound_x"})
     EXPECT_TRUE(j.at("sessions")[0].contains(key)) << key;
   EXPECT_EQ(j.at("fairness").at("chunks"), 3);
   EXPECT_EQ(j.at("fairness").at("same_cut"), true);
