@@ -23,9 +23,11 @@ CapacityPlan plan_capacity(const ModelConfig& c, int64_t budget_bytes, int max_s
   p.state_bytes_per_session = int64_t(c.n_linear_layers()) * (conv + recurrent);
   p.draft_tokens = std::max(draft_tokens, 0);
   if (p.draft_tokens > 0) {
+    // The step's logits twice: the session's own rows, and forward_batch's gathered copy of
+    // every session's rows (one lm_head product for the whole batch writes them side by side).
     p.speculative_bytes_per_session = p.state_bytes_per_session +
                                       int64_t(p.draft_tokens) * c.n_linear_layers() * c.gdn_input_floats() * 4 +
-                                      int64_t(p.draft_tokens + 1) * c.vocab_size * 4;
+                                      2 * int64_t(p.draft_tokens + 1) * c.vocab_size * 4;
   }
   p.page_tokens = page_tokens;
   p.page_bytes = layout.page_bytes();

@@ -23,7 +23,8 @@ struct CapacityPlan {
   int64_t state_bytes_per_session = 0;  // all GDN layers: conv + recurrent
   int draft_tokens = 0;
   // A generating session's verification scratch at draft_tokens: the GDN states at the step's
-  // start, each drafted position's GDN inputs and the step's rows of logits (0 without drafts).
+  // start, each drafted position's GDN inputs and the step's rows of logits, twice (the
+  // session's, and the batch's gathered copy) (0 without drafts).
   int64_t speculative_bytes_per_session = 0;
   int64_t page_tokens = 0;
   int64_t page_bytes = 0;

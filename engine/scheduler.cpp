@@ -223,10 +223,16 @@ bool Scheduler::secure_kv(const Planned& p) {
 
 Result<GenerateResult> Scheduler::generate(Sequence& seq, const GenerateOptions& options,
                                            const std::function<bool(int32_t)>& on_token) {
-  if (options.max_tokens <= 0) return GenerateResult{};
+  // The session is in no queue between its calls: its estimate is read here unlocked.
+  if (options.max_tokens <= 0) {
+    GenerateResult nothing;
+    nothing.draft_acceptance = seq.draft_acceptance;
+    return nothing;
+  }
   Request r;
   r.seq = &seq;
   r.is_generate = true;
+  r.result.draft_acceptance = seq.draft_acceptance;
   r.options = &options;
   r.has_callback = bool(on_token);
   r.sampler.emplace(options.sampling);
@@ -358,11 +364,12 @@ void Scheduler::plan_drafts(std::vector<Planned>& plan) {
   }
 }
 
-// Per draft position up to the first rejection: accepted positions count 1, the rejected one 0.
-void Scheduler::note_verified(Request& r, int64_t drafted, int64_t accepted) {
+// Per judged draft position: accepted ones count 1, the rejected one (if any) 0. Positions after
+// a stop token, the token budget or a callback stop were never judged and do not count.
+void Scheduler::note_verified(Request& r, int64_t accepted, bool rejected) {
   double& q = r.seq->draft_acceptance;
   for (int64_t i = 0; i < accepted; ++i) q += kAcceptanceRate * (1 - q);
-  if (accepted < drafted) q += kAcceptanceRate * (0 - q);
+  if (rejected) q += kAcceptanceRate * (0 - q);
 }
 
 // A draft row's cost as a fraction of a step of `plain_rows` rows: learned per bucket of step
@@ -585,6 +592,7 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     const int64_t T = p.T;
     const size_t first = r.forwarded;
     int64_t kept = 0;
+    bool rejected = false;  // the model chose otherwise at a draft position (not a stop cutting it)
     while (kept < T) {
       const int32_t tok = r.result.tokens[r.forwarded++];
       seq.tokens.push_back(tok);
@@ -607,7 +615,11 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
       const int32_t next = r.sampler->sample(logits, std::span<const int32_t>(r.result.tokens.data(), r.forwarded));
       r.result.tokens.push_back(next);
       if (!r.has_callback) r.acked = r.result.tokens.size();
-      if (kept == T || next != r.verify[size_t(kept)]) break;
+      if (kept == T) break;
+      if (next != r.verify[size_t(kept)]) {
+        rejected = true;
+        break;
+      }
     }
     seq.note_computed(kept, true);
     ++r.result.steps;
@@ -616,6 +628,7 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
     } else {
       r.result.draft_tokens += T - 1;
       r.result.draft_accepted += kept - 1;
+      r.result.draft_rejected += rejected;
       r.verify_first = first;
       r.verify_kept = kept;
       seq.last_logits.assign(r.verify_logits.begin() + (kept - 1) * V, r.verify_logits.begin() + kept * V);
@@ -623,8 +636,9 @@ void Scheduler::finish_step(const std::vector<Planned>& plan) {
         seq.state.n_past -= T - kept;
         network_.roll_back_gdn(r.gdn_rollback, kept, seq.state, network_.pool());
       }
-      note_verified(r, T - 1, kept - 1);
+      note_verified(r, kept - 1, rejected);
     }
+    r.result.draft_acceptance = seq.draft_acceptance;
     if (r.can_finish()) r.done = true;
     r.done_cv.notify_one();  // done, or a token for the callback
   }

@@ -71,17 +71,23 @@ struct GenerateOptions {
   SpeculativeOptions speculative;
 };
 
+inline constexpr double kAcceptancePrior = 0.8;  // drafts come from text that recurred
+inline constexpr double kAcceptanceRate = 0.2;   // weight of each verified position
+inline constexpr double kAcceptanceDrift = 0.02; // per step a draft was found but not tried
+
 struct GenerateResult {
   std::vector<int32_t> tokens;
   enum class Reason { stop_token, max_tokens, callback } reason = Reason::max_tokens;
   int64_t steps = 0;           // forward passes that produced tokens
   int64_t draft_tokens = 0;    // speculative tokens verified
   int64_t draft_accepted = 0;  // of which the model's own choice (each saved a step)
+  // Verifications that ended where the model chose otherwise than the draft. The rest of
+  // draft_tokens were never judged: after a rejection, or cut off by a stop or the budget.
+  int64_t draft_rejected = 0;
+  // The session's estimate that a draft token is accepted, as this call left it (what its next
+  // drafting decisions start from).
+  double draft_acceptance = kAcceptancePrior;
 };
-
-inline constexpr double kAcceptancePrior = 0.8;  // drafts come from text that recurred
-inline constexpr double kAcceptanceRate = 0.2;   // weight of each verified position
-inline constexpr double kAcceptanceDrift = 0.02; // per step a draft was found but not tried
 
 // What the scheduler reads and writes of one session.
 struct Sequence {
@@ -214,7 +220,7 @@ class Scheduler {
   // Speculative decoding: adds prompt-lookup drafts to the planned generate steps where they are
   // expected to pay (see scheduler.cpp), learns from each verification, undoes unreported tokens.
   void plan_drafts(std::vector<Planned>& plan);
-  void note_verified(Request& r, int64_t drafted, int64_t accepted);
+  void note_verified(Request& r, int64_t accepted, bool rejected);
   double draft_row_cost(int64_t plain_rows) const;
   void note_step_time(int64_t plain_rows, int64_t draft_rows, double ms);
   void roll_back_unreported(Request& r);

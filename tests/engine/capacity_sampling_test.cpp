@@ -27,20 +27,20 @@ TEST(Capacity, Real35BA3BHoldsAtLeastWhatVllmReportsAt36GiB) {
 }
 
 // Sessions that verify drafts of 8 tokens also hold, while generating, the GDN states at the
-// step's start, 8 positions' GDN inputs per linear layer and 9 rows of logits: planned as fixed
-// state, so fewer KV pages fit in the same budget.
+// step's start, 8 positions' GDN inputs per linear layer and 9 rows of logits (and the batch's
+// gathered copy of them): planned as fixed state, so fewer KV pages fit in the same budget.
 TEST(Capacity, SpeculativeScratchIsPlannedPerSession) {
   auto c = load_model_config(kExamples + "qwen3.6-35b-a3b.config.json");
   ASSERT_TRUE(c.ok()) << c.error();
   const CapacityPlan plain = plan_capacity(*c, parse_bytes("36GiB"), 16, CacheDtype::bf16);
   const CapacityPlan spec = plan_capacity(*c, parse_bytes("36GiB"), 16, CacheDtype::bf16, 16, 8);
   EXPECT_EQ(plain.speculative_bytes_per_session, 0);
-  // 64,389,120 (states) + 8 × 30 × (8,192 qkv + 4,096 z + 32 b + 32 a) × 4 + 9 × 248,320 × 4
-  EXPECT_EQ(spec.speculative_bytes_per_session, 64389120 + 11857920 + 8939520);
+  // 64,389,120 (states) + 8 × 30 × (8,192 qkv + 4,096 z + 32 b + 32 a) × 4 + 2 × 9 × 248,320 × 4
+  EXPECT_EQ(spec.speculative_bytes_per_session, 64389120 + 11857920 + 2 * 8939520);
   EXPECT_EQ(spec.state_bytes_per_session, plain.state_bytes_per_session);
-  EXPECT_EQ(spec.pages, (parse_bytes("36GiB") - int64_t{16} * (64389120 + 85186560)) / spec.page_bytes);
+  EXPECT_EQ(spec.pages, (parse_bytes("36GiB") - int64_t{16} * (64389120 + 94126080)) / spec.page_bytes);
   EXPECT_LT(spec.kv_tokens, plain.kv_tokens);
-  EXPECT_NE(spec.to_text().find("speculative scratch bytes per session (drafts of 8): 85186560"), std::string::npos)
+  EXPECT_NE(spec.to_text().find("speculative scratch bytes per session (drafts of 8): 94126080"), std::string::npos)
       << spec.to_text();
   // The auto budget gives every session its scratch on top of its state and KV.
   EXPECT_EQ(kv_budget_for(*c, 4, CacheDtype::bf16, 4096, 16, 8) - kv_budget_for(*c, 4, CacheDtype::bf16, 4096),

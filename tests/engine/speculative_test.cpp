@@ -248,6 +248,34 @@ TEST_P(Speculative, StopTokenAndBudgetInsideADraft) {
   }
 }
 
+// A stop token inside a verified draft cuts off the positions after it. They were never judged,
+// so they are not rejections: the session's acceptance estimate, which sizes its next drafts, must
+// not fall for them. The same tokens ended by the budget instead (which shortens the draft, so
+// nothing is cut) judge the same positions the same way.
+TEST_P(Speculative, ADraftCutByAStopTokenIsNotARejection) {
+  Model& m = *f.model;
+  GenerateOptions g;
+  g.max_tokens = 80;
+  const Outcome free_run = run(m, f.prompt, g, 0);
+  int cut = 0;
+  for (size_t at = 4; at < 80; ++at) {
+    GenerateOptions stop = g;
+    stop.stop = {free_run.result.tokens[at]};
+    const Outcome by_stop = run(m, f.prompt, stop, 4);
+    GenerateOptions budget = g;
+    budget.max_tokens = int64_t(by_stop.result.tokens.size());
+    const Outcome by_budget = run(m, f.prompt, budget, 4);
+    const std::string what = std::string(c.name) + " stop at " + std::to_string(at);
+    ASSERT_EQ(by_stop.result.tokens, by_budget.result.tokens) << what;
+    EXPECT_EQ(by_stop.result.draft_accepted, by_budget.result.draft_accepted) << what;
+    EXPECT_EQ(by_stop.result.draft_rejected, by_budget.result.draft_rejected) << what;
+    EXPECT_EQ(by_stop.result.draft_acceptance, by_budget.result.draft_acceptance) << what;
+    EXPECT_LE(by_stop.result.draft_accepted + by_stop.result.draft_rejected, by_stop.result.draft_tokens) << what;
+    cut += by_stop.result.draft_tokens > by_budget.result.draft_tokens;
+  }
+  EXPECT_GT(cut, 0) << "no stop token fell inside a draft: nothing was tested";
+}
+
 // The callback returning false after token k: that token is the last in the history, whether it
 // came from a plain step or from the middle of an accepted draft (then rolled back to its state).
 TEST_P(Speculative, CallbackStopInsideAnAcceptedRunRollsBack) {
