@@ -138,8 +138,8 @@ Result<BatchBenchReport> run_batch_bench(const BatchBenchOptions& o) {
       const Window decode = summarize(sched.step_log(), [](const StepRecord&) { return true; });
       round_row.step_ms = decode.mean_ms;
       round_row.experts_per_layer = decode.experts_per_layer;
-      // The state at the rounds' mean position (each round decodes gen_tokens further).
-      const uint64_t state = decode_state_bytes(m, o.prompt_tokens + int64_t(o.runs) * o.gen_tokens / 2);
+      // The state at this round's mean position (each round decodes gen_tokens further).
+      const uint64_t state = decode_state_bytes(m, o.prompt_tokens + int64_t(round) * o.gen_tokens + o.gen_tokens / 2);
       const uint64_t one_token = weight_bytes_per_token(m.weights(), c.num_experts_per_tok) + state;
       round_row.bytes_per_step =
           weight_bytes_per_token(m.weights(), c.is_moe ? decode.experts_per_layer : 0.0) + uint64_t(n) * state;

@@ -365,7 +365,7 @@ void Scheduler::plan_drafts(std::vector<Planned>& plan) {
 }
 
 // Per judged draft position: accepted ones count 1, the rejected one (if any) 0. Positions after
-// a stop token, the token budget or a callback stop were never judged and do not count.
+// a stop token or a callback stop were never judged and do not count.
 void Scheduler::note_verified(Request& r, int64_t accepted, bool rejected) {
   double& q = r.seq->draft_acceptance;
   for (int64_t i = 0; i < accepted; ++i) q += kAcceptanceRate * (1 - q);

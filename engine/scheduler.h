@@ -82,7 +82,8 @@ struct GenerateResult {
   int64_t draft_tokens = 0;    // speculative tokens verified
   int64_t draft_accepted = 0;  // of which the model's own choice (each saved a step)
   // Verifications that ended where the model chose otherwise than the draft. The rest of
-  // draft_tokens were never judged: after a rejection, or cut off by a stop or the budget.
+  // draft_tokens were never judged: after a rejection, or cut off by a stop token or a callback
+  // stop (drafts are never longer than the token budget leaves).
   int64_t draft_rejected = 0;
   // The session's estimate that a draft token is accepted, as this call left it (what its next
   // drafting decisions start from).

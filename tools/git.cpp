@@ -122,6 +122,22 @@ std::string update_submodules(git_repository* repo) {
   return "";
 }
 
+// kiln keeps its own files in the workspace's /.kiln/ (saved command output, the sandbox $HOME):
+// a repository that tracks that path would have it deleted or overwritten, and the build's commit
+// would carry that as if the agent had done it. Such a commit is refused with the reason.
+std::string reserved_path_error(git_commit* commit, const std::string& source) {
+  git_tree* raw = nullptr;
+  if (git_commit_tree(&raw, commit) != 0) return "";  // unreadable here: the checkout will say so
+  Tree tree(raw);
+  if (git_tree_entry_byname(tree.get(), ".kiln") == nullptr) return "";
+  char id[GIT_OID_HEXSZ + 1] = {};
+  git_oid_tostr(id, sizeof id, git_commit_id(commit));
+  return "repo " + source + " tracks `.kiln` at its root (commit " + std::string(id, 12) +
+         "); kiln reserves that path in the workspace for its own files (saved command output, the sandbox "
+         "$HOME), so building it would delete or overwrite it: rename it in the repository, or build a ref "
+         "without it";
+}
+
 }  // namespace
 
 SourceCheck check_local_source(const std::string& source, const std::string& ref) {
@@ -161,7 +177,10 @@ SourceCheck check_local_source(const std::string& source, const std::string& ref
     }
     if (ref == "origin" || ref == "remotes/origin" || ref == "refs/remotes/origin") candidates.push_back("HEAD");
   }
-  if (first_commit(repo.get(), candidates)) return {};
+  if (Commit commit = first_commit(repo.get(), candidates)) {
+    if (std::string reserved = reserved_path_error(commit.get(), source); !reserved.empty()) return {reserved, "repo"};
+    return {};
+  }
   if (ref.empty()) return {"repo " + source + ": its HEAD does not point to a commit", "repo"};
   return {"ref '" + ref + "' was not found in " + source + " (tried a branch, a tag and a commit id)", "ref"};
 }
@@ -210,6 +229,10 @@ GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::
     git_strarray_dispose(&refs);
     out.error = empty ? "repository " + source + " is empty (it has no commits); there is nothing to build on"
                       : error + " (" + source + ")";
+    return out;
+  }
+  if (std::string reserved = reserved_path_error(commit.get(), source); !reserved.empty()) {
+    out.error = reserved;  // before the checkout: nothing of it reaches the workspace
     return out;
   }
   git_checkout_options checkout = GIT_CHECKOUT_OPTIONS_INIT;

@@ -31,7 +31,9 @@ struct CloneInfo {
 // source branch named `kiln` cannot collide), records the base commit in the repository config (kiln.base), and writes
 // `.kiln/` into .git/info/exclude so kiln's own files (saved outputs, $HOME) stay out of diffs and
 // commits. The clone is self-contained (objects fetched, never an alternates link to the
-// source); a shallow local source is refused, an empty one is named as such. Submodules are
+// source); a shallow local source is refused, an empty one is named as such, and so is a commit
+// that tracks `.kiln` at its root (kiln's own directory: it would be deleted or overwritten, and
+// the build's commit would carry that), before anything is checked out. Submodules are
 // checked out at their recorded commits (relative URLs against the source), or the clone fails.
 GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::string& ref,
                                           const std::filesystem::path& dest, const std::string& build_id);
@@ -39,7 +41,7 @@ GitOutcome<CloneInfo> git_clone_workspace(const std::string& source, const std::
 // A build's source checked before it is queued, where that costs nothing: a local source (an
 // absolute path, or a plain file:/// URL) must be a git repository with commits, not shallow, in
 // which a plain-name `ref` names a branch, tag or commit, also as the clone spells them
-// (origin/<branch>, origin/HEAD; empty: its HEAD). Other sources, and refs with revision syntax
+// (origin/<branch>, origin/HEAD; empty: its HEAD), that does not track `.kiln` at its root. Other sources, and refs with revision syntax
 // (~, ^, @{…}, :/…), are left to the clone. On failure `field` names the input at fault: "repo"
 // or "ref". Never stricter than git_clone_workspace: what it refuses, a clone would fail on.
 struct SourceCheck {

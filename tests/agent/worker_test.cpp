@@ -252,6 +252,26 @@ TEST(BuildPipeline, clone_failure_is_an_infra_error_naming_the_repo) {
   EXPECT_NE(stored->error_message.value_or("").find("no-such-repo"), std::string::npos);
 }
 
+// A repository that tracks `.kiln` (kiln's own directory in the workspace) is refused at setup
+// with the reason, before the model runs: building it would have committed the deletion of the
+// user's file as if the agent had made it.
+TEST(BuildPipeline, a_repository_tracking_dot_kiln_is_refused_at_setup) {
+  Pipeline p("stats-py");
+  const std::string git = "git -C '" + p.source.string() + "' -c user.name=t -c user.email=t@t ";
+  std::ofstream(p.source / ".kiln") << "the user's own\n";
+  ASSERT_EQ(testing::shell(git + "add -A && " + git + "commit -qm 'track .kiln' >/dev/null"), 0);
+  p.submit(std::nullopt);
+  auto build = p.claim();
+  StopSignal stop;
+  BuildReport report = run_build(*p.ts.store, build, p.options, scripted({}), stop);
+  auto stored = p.ts.store->get(build.id);
+  EXPECT_EQ(stored->status, BuildStatus::error);
+  EXPECT_EQ(stored->outcome, OutcomeReason::infra_error);
+  EXPECT_NE(stored->error_message.value_or("").find("tracks `.kiln`"), std::string::npos) << stored->error_message.value_or("");
+  EXPECT_TRUE(report.commit.empty());
+  EXPECT_EQ(testing::capture("git -C '" + (p.dir.path() / "results.git").string() + "' branch --list 'kiln/*' 2>/dev/null"), "");
+}
+
 TEST(BuildPipeline, unknown_model_is_a_model_error) {
   Pipeline p("stats-py");
   p.submit(std::nullopt, {}, "nonexistent");

@@ -56,7 +56,11 @@ TEST(BatchBench, ReportsEveryConcurrencyWithMedianRoundsAndFairness) {
     } else {
       EXPECT_GT(row.bytes_bound_x, 1.0);  // the non-expert weights, at least, are shared
     }
-    EXPECT_NEAR(row.achieved_gb_s, double(row.bytes_per_step) / row.step_ms / 1e6, 1e-6 * row.achieved_gb_s);
+    EXPECT_GT(row.achieved_gb_s, 0);
+    // More sessions read more: their states, and at least as many experts.
+    if (i > 0) {
+      EXPECT_GT(row.bytes_per_step, r->rows[i - 1].bytes_per_step);
+    }
   }
   ASSERT_TRUE(r->fairness.has_value());
   EXPECT_EQ(r->fairness->prompt_tokens, 40);

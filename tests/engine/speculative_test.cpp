@@ -257,8 +257,12 @@ TEST_P(Speculative, ADraftCutByAStopTokenIsNotARejection) {
   GenerateOptions g;
   g.max_tokens = 80;
   const Outcome free_run = run(m, f.prompt, g, 0);
+  ASSERT_EQ(free_run.result.tokens.size(), 80u);
   int cut = 0;
+  std::vector<int32_t> tried;  // a token stops generation at its first occurrence: each once
   for (size_t at = 4; at < 80; ++at) {
+    if (std::find(tried.begin(), tried.end(), free_run.result.tokens[at]) != tried.end()) continue;
+    tried.push_back(free_run.result.tokens[at]);
     GenerateOptions stop = g;
     stop.stop = {free_run.result.tokens[at]};
     const Outcome by_stop = run(m, f.prompt, stop, 4);

@@ -321,6 +321,43 @@ TEST(Git, AShallowSourceIsRefusedWithTheReason) {
   EXPECT_NE(cloned.error.find("shallow"), std::string::npos) << cloned.error;
 }
 
+// kiln keeps its own files in the workspace's /.kiln/: a repository that tracks that path (a file
+// or a directory) would have it deleted or overwritten, and the build's commit would carry that.
+// The clone refuses the commit it would build, with the reason, and so does the submit-time check
+// of a local source; a `.kiln` deeper in the tree, or a ref from before it was added, builds.
+TEST(Git, ASourceThatTracksDotKilnAtItsRootIsRefusedWithTheReason) {
+  TempWorkspace parent;
+  int n = 0;
+  auto clone = [&](const std::string& source, const std::string& ref) {
+    ++n;
+    return git_clone_workspace(source, ref, parent.path() / ("ws" + std::to_string(n)), std::to_string(200 + n));
+  };
+  for (const char* tracked : {".kiln", ".kiln/config.toml"}) {
+    SourceRepo src;
+    const std::string git = "git -C " + src.dir.path().string() + " -c user.name=t -c user.email=t@t ";
+    src.dir.write(tracked, "the user's own\n");
+    shell(git + "add -A && " + git + "commit -qm 'add " + tracked + "'");
+    auto cloned = clone(src.dir.path().string(), "main");
+    EXPECT_FALSE(cloned.ok()) << tracked;
+    EXPECT_NE(cloned.error.find("tracks `.kiln`"), std::string::npos) << cloned.error;
+    EXPECT_FALSE(std::filesystem::exists(parent.path() / ("ws" + std::to_string(n)) / tracked)) << "checked out";
+    const SourceCheck check = check_local_source(src.dir.path().string(), "main");
+    EXPECT_EQ(check.field, "repo") << tracked;
+    EXPECT_NE(check.error.find("tracks `.kiln`"), std::string::npos) << check.error;
+    // The tag from before the commit that added it builds, and passes the check.
+    EXPECT_TRUE(clone(src.dir.path().string(), "v1").ok()) << tracked;
+    EXPECT_TRUE(check_local_source(src.dir.path().string(), "v1").ok()) << tracked;
+  }
+  SourceRepo nested;
+  const std::string git = "git -C " + nested.dir.path().string() + " -c user.name=t -c user.email=t@t ";
+  nested.dir.write("sub/.kiln", "fine\n");
+  shell(git + "add -A && " + git + "commit -qm nested");
+  auto cloned = clone(nested.dir.path().string(), "main");
+  EXPECT_TRUE(cloned.ok()) << cloned.error;
+  EXPECT_TRUE(check_local_source(nested.dir.path().string(), "main").ok());
+  EXPECT_EQ(parent.read("ws" + std::to_string(n) + "/sub/.kiln"), "fine\n");
+}
+
 // A source whose default branch is `kiln` (or `kiln/<id>`): the clone's local branch for it
 // would collide with refs/heads/kiln/<id>.
 TEST(Git, ASourceWhoseDefaultBranchIsKilnCanBeBuilt) {
