@@ -110,6 +110,15 @@ TEST_F(RoutesTest, SubmitChecksALocalRepositoryAndItsRef) {
   };
   expect_error(call("POST", "/v1/builds", body((dir_.path() / "no-such-repo").string(), "")), 400, "repo");
   expect_error(call("POST", "/v1/builds", body(testing::any_repo(), "no-such-branch")), 400, "ref");
+  // One that tracks `.kiln` (kiln's own directory in the workspace) is refused too, naming it.
+  const std::filesystem::path dot_kiln = dir_.path() / "tracks-dot-kiln";
+  testing::make_git_repo(dot_kiln);
+  std::ofstream(dot_kiln / ".kiln") << "the user's own\n";
+  ASSERT_EQ(std::system(("cd '" + dot_kiln.string() + "' && git add .kiln && git -c user.name=kiln "
+                         "-c user.email=kiln@example.invalid commit -qm dot-kiln").c_str()), 0);
+  auto refused = call("POST", "/v1/builds", body(dot_kiln.string(), "main"));
+  expect_error(refused, 400, "repo");
+  EXPECT_NE(refused.response.body.find("tracks `.kiln`"), std::string::npos) << refused.response.body;
   auto page = store_->list({});
   ASSERT_TRUE(page.ok());
   EXPECT_TRUE(page->builds.empty()) << "a rejected submit wrote a build";
