@@ -1,6 +1,7 @@
 // kiln's git operations through libgit2. Every libgit2 object is held by a unique_ptr with its
 // free function; every failure returns a message naming what was being done and libgit2's reason.
 #include "tools/git.h"
+#include "tools/regex_leak_guard.h"
 
 #include <git2.h>
 
@@ -38,6 +39,7 @@ using BranchIterator = Owned<git_branch_iterator, git_branch_iterator_free>;
 void init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
+    install_regex_leak_guard();  // before libgit2's first regular expression
     git_libgit2_init();
     // Workspaces belong to the sandbox uid (so commands can write them) while kiln runs as root;
     // libgit2's "owned by current user" check would refuse them. kiln creates every workspace

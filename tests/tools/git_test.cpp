@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "tool_fixture.h"
+#include "tools/regex_leak_guard.h"
 
 namespace kiln::tools {
 namespace {
@@ -356,6 +357,28 @@ TEST(Git, ASourceThatTracksDotKilnAtItsRootIsRefusedWithTheReason) {
   EXPECT_TRUE(cloned.ok()) << cloned.error;
   EXPECT_TRUE(check_local_source(nested.dir.path().string(), "main").ok());
   EXPECT_EQ(parent.read("ws" + std::to_string(n) + "/sub/.kiln"), "fine\n");
+}
+
+// libgit2 1.5 leaks a match data (and pcre2's ~20 KB of heap frames in it) on every regular
+// expression that does not match, and its config lookups by pattern run many of them
+// (tools/regex_leak_guard.cpp). Every match data libgit2 creates is freed: by libgit2, or by the
+// guard once libgit2 has left it behind. At most the last one, on this thread, still waits.
+TEST(Git, RegexMatchDataThatLibgit2LeavesBehindIsFreed) {
+  SourceRepo src;
+  TempWorkspace parent;
+  const RegexLeakGuardStats before = regex_leak_guard_stats();
+  for (int i = 0; i < 4; ++i) {
+    auto cloned = git_clone_workspace(src.dir.path().string(), "main", parent.path() / ("ws" + std::to_string(i)),
+                                      std::to_string(300 + i));
+    ASSERT_TRUE(cloned.ok()) << cloned.error;
+    parent.write("ws" + std::to_string(i) + "/a.txt", "changed\n");
+    ASSERT_TRUE(git_commit_all(parent.path() / ("ws" + std::to_string(i)), "change").ok());
+  }
+  const RegexLeakGuardStats after = regex_leak_guard_stats();
+  // Debian's libgit2 matches with pcre2: a clone deletes a branch's config section and creates a
+  // remote by pattern, so the guard saw libgit2's match data.
+  EXPECT_GT(after.created - before.created, 4) << "the guard did not see libgit2's pcre2 calls";
+  EXPECT_LE(after.created - after.freed, 1) << after.reclaimed - before.reclaimed << " reclaimed";
 }
 
 // A source whose default branch is `kiln` (or `kiln/<id>`): the clone's local branch for it
