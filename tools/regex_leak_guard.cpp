@@ -19,7 +19,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <mutex>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
